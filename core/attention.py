@@ -1,0 +1,152 @@
+"""Attention over a packed batch, reading keys and values from a paged KV cache.
+
+One engine step packs the new tokens of many sequences into one flat tensor of T tokens: a
+prefill chunk of one request, the single next token of another, and so on (no padding in the
+linear layers). Attention is the one place where sequences must stay apart, so this module
+regroups the queries per sequence and gathers each sequence's keys from its KV blocks, the way
+vLLM's PagedAttention reads a block table (Kwon et al., 2023), written here in plain torch:
+
+    gather:  k_cache[layer][block_tables]  ->  (S, blocks * block_size, Hkv, D)
+    attend:  softmax(q k^T / sqrt(D) + causal mask) v, one batched matmul per group
+
+Sequences are split into at most two groups, decodes (one query each) and prefill chunks, so a
+long prefill does not pad every decode to its length.
+
+Batch invariance. CPU matrix-multiply libraries pick a different kernel for very few rows, and
+a different kernel sums in a different order, so the same token could get slightly different
+logits alone and in a batch. Every matmul here and in model.py has at least MIN_GEMM_ROWS rows;
+above that the kernel, and so each row's result, is the same whatever else is in the batch
+(tests/test_attention.py checks it bit for bit). This is why a batched request gives exactly
+the tokens it gives alone.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+MIN_GEMM_ROWS = 4  # below this, MKL's sgemm switches kernels (and rounding)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T with at least MIN_GEMM_ROWS rows, so each row's result is batch-invariant."""
+    n = x.shape[0]
+    if n >= MIN_GEMM_ROWS:
+        return F.linear(x, weight)
+    padded = torch.cat([x, x.new_zeros(MIN_GEMM_ROWS - n, x.shape[1])])
+    return F.linear(padded, weight)[:n]
+
+
+def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
+    """Queries per sequence so that the score matmul (G queries per KV head) has enough rows."""
+    group = num_heads // num_kv_heads
+    return max(1, math.ceil(MIN_GEMM_ROWS / group))
+
+
+def attend(q, k, v, mask):
+    """Grouped-query attention with an explicit softmax.
+
+    q: (S, Q, H, D) queries; k, v: (S, K, Hkv, D); mask: (S, Q, K) True where query may see key.
+    Returns y (S, Q, H, D) and the attention weights (S, H, Q, K). Query head h reads KV head
+    h // (H // Hkv), as in Llama's repeat_kv.
+    """
+    S, Q, H, D = q.shape
+    Hkv = k.shape[2]
+    G = H // Hkv
+    q = q.view(S, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(S, Hkv, G * Q, D)  # rows (g, i)
+    scores = (q @ k.permute(0, 2, 3, 1)) * (1.0 / math.sqrt(D))          # (S, Hkv, G*Q, K)
+    allowed = mask[:, None, None].expand(S, 1, G, Q, -1).reshape(S, 1, G * Q, -1)
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    y = probs @ v.transpose(1, 2)                                        # (S, Hkv, G*Q, D)
+    y = y.view(S, Hkv, G, Q, D).permute(0, 3, 1, 2, 4).reshape(S, Q, H, D)
+    return y, probs.view(S, H, Q, -1)
+
+
+def causal_attention(q, k, v):
+    """One whole sequence, no cache. q: (T, H, D), k, v: (T, Hkv, D) -> (T, H, D), (H, T, T)."""
+    T = q.shape[0]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    y, probs = attend(q[None], k[None], v[None], mask[None])
+    return y[0], probs[0]
+
+
+class KVCache:
+    """The pool of KV blocks: one tensor for keys and one for values, every layer.
+
+    k, v: (L, num_blocks, block_size, Hkv, D). Slot s of the pool is block s // block_size,
+    offset s % block_size; the block manager decides which blocks a sequence owns.
+    """
+
+    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float32):
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+@dataclass
+class SequenceGroup:
+    """Sequences attended together: queries padded to Q, keys gathered to K = blocks * block_size."""
+
+    token_index: torch.Tensor   # (S, Q) index into the packed tokens (padding repeats a real one)
+    query_mask: torch.Tensor    # (S, Q) True where the query is a real token
+    block_tables: torch.Tensor  # (S, nb) physical block ids (padding points at block 0)
+    mask: torch.Tensor          # (S, Q, K) causal mask: key position <= query position
+
+
+@dataclass
+class PagedBatch:
+    """Where one step's packed tokens go in the pool and which keys each may read."""
+
+    cache: KVCache
+    slot_mapping: torch.Tensor  # (T,) pool slot of each new token's K and V
+    groups: list[SequenceGroup]
+
+
+def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:
+    """seqs: list of (first packed index, num_query_tokens, first position, block_table)."""
+    S = len(seqs)
+    Q = max(min_rows, max(n for _, n, _, _ in seqs))
+    nb = max(len(table) for _, _, _, table in seqs)
+    rows = torch.arange(Q)
+    token_index = torch.empty(S, Q, dtype=torch.long)
+    query_pos = torch.empty(S, Q, dtype=torch.long)
+    block_tables = torch.zeros(S, nb, dtype=torch.long)
+    lens = torch.empty(S, dtype=torch.long)
+    for i, (start, n, pos, table) in enumerate(seqs):
+        token_index[i] = start + rows.clamp(max=n - 1)
+        query_pos[i] = pos + rows
+        lens[i] = n
+        block_tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+    key_pos = torch.arange(nb * block_size)
+    return SequenceGroup(
+        token_index=token_index,
+        query_mask=rows[None, :] < lens[:, None],
+        block_tables=block_tables,
+        mask=key_pos[None, None, :] <= query_pos[:, :, None],
+    )
+
+
+def paged_attention(q, k, v, layer: int, batch: PagedBatch):
+    """q: (T, H, D), k, v: (T, Hkv, D) for the step's new tokens -> (T, H, D).
+
+    Writes the new K and V into their slots first, so a token attends to itself and to all
+    earlier tokens of its sequence, whether computed this step or in an earlier one.
+    """
+    cache = batch.cache
+    Hkv, D = k.shape[1], k.shape[2]
+    cache.k[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, k)
+    cache.v[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, v)
+    out = torch.empty_like(q)
+    for g in batch.groups:
+        keys = cache.k[layer][g.block_tables].flatten(1, 2)    # (S, K, Hkv, D)
+        values = cache.v[layer][g.block_tables].flatten(1, 2)
+        y, _ = attend(q[g.token_index], keys, values, g.mask)  # (S, Q, H, D)
+        out[g.token_index[g.query_mask]] = y[g.query_mask]
+    return out

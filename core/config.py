@@ -1,0 +1,74 @@
+"""Settings: the shape of a model, and every knob of the engine, in one dataclass each.
+
+`ModelConfig` is read from the checkpoint (GGUF metadata for SmolLM2); `EngineConfig` is what a
+user of `LLM(...)` sets. Every limit the engine enforces has a name here.
+"""
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .errors import InvalidParameter
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    vocab_size: int = 49152
+    hidden_size: int = 576            # C, the residual stream width
+    intermediate_size: int = 1536     # SwiGLU width
+    num_layers: int = 30
+    num_heads: int = 9                # query heads
+    num_kv_heads: int = 3             # key/value heads (grouped-query attention)
+    head_dim: int = 64
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 8192  # the context window
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    # Mixture of experts (0 = a dense MLP in every block).
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """Values the KV cache holds per token: K and V, every layer, every KV head."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+class Scheduling(str, Enum):
+    CONTINUOUS = "continuous"  # iteration-level: requests join and leave at every step (Orca)
+    STATIC = "static"          # a batch runs until all its members finish (the old baseline)
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2-135m"
+    block_size: int = 16                  # tokens per KV block (vLLM's default)
+    num_kv_blocks: int | None = None      # None: as many as kv_cache_bytes buys
+    kv_cache_bytes: int = 1 << 30         # KV pool size when num_kv_blocks is None (1 GiB)
+    max_num_seqs: int = 64                # requests running at once (batch slots)
+    max_num_batched_tokens: int = 512     # token budget of one step (prefill chunks + decodes)
+    max_model_len: int | None = None      # context length; None: the model's own window
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling: Scheduling = Scheduling.CONTINUOUS
+    num_threads: int | None = None        # torch threads; None: torch's default (one per core)
+    trace_steps: int = 4096               # step-trace rows kept for the batching widgets
+    seed: int = 0                         # seeds the generators of unseeded sampling requests
+    cache_dir: str | None = None          # converted weights and tokenizer; None: ~/.cache/sendlens
+
+    def __post_init__(self):
+        try:
+            self.scheduling = Scheduling(self.scheduling)
+        except ValueError:
+            raise InvalidParameter("scheduling", f"must be one of {[s.value for s in Scheduling]}, "
+                                   f"got {self.scheduling!r}") from None
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "trace_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidParameter(name, f"must be a positive integer, got {value!r}")
+        for name in ("num_kv_blocks", "max_model_len", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise InvalidParameter(name, f"must be a positive integer or None, got {value!r}")

@@ -1,0 +1,211 @@
+"""LLMEngine: requests in, one step at a time, outputs out (after vLLM's LLMEngine).
+
+A step is: schedule (which sequences, how many tokens each) -> run the model once over all of
+them -> sample one token for each sequence whose prompt is done -> postprocess (append the token,
+detokenize, check stop conditions, publish full KV blocks to the prefix cache, free the blocks of
+finished requests) -> record the step in the trace. The engine is single-threaded: EngineLoop
+runs it on a thread of its own for the web app; LLM drives it directly for offline use.
+"""
+
+import itertools
+import random
+import time
+from collections import deque
+
+import torch
+
+from .attention import KVCache
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .errors import ContextLengthExceeded, InvalidParameter
+from .model import Transformer
+from .model_runner import ModelRunner
+from .outputs import RequestOutput
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import FinishReason, Sequence, SequenceStatus
+from .trace import SlotWork, StepTrace
+
+BYTES_PER_VALUE = 4  # the KV cache is fp32, like the weights
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded=None):
+        from toy_models import load_model
+
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        loaded = loaded or load_model(config.model, config.cache_dir)
+        self.config = config
+        self.model_config = mc = loaded.config
+        self.model_source = loaded.source
+        self.tokenizer = loaded.tokenizer
+        self.model = Transformer.from_state_dict(mc, loaded.state_dict)
+        bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
+        self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.model, self.cache)
+        self.sampler = Sampler()
+        # A sequence can never grow past the window, nor past the whole pool.
+        window = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = min(window, num_blocks * config.block_size)
+        self.stop_token_ids = {mc.eos_token_id, self.tokenizer.eos_token_id}
+        self.trace: deque[StepTrace] = deque(maxlen=config.trace_steps)
+        self.num_steps = 0
+        self.start_time = time.perf_counter()
+        self._ids = itertools.count()
+        self._rng = random.Random(config.seed)
+
+    # -- requests ----------------------------------------------------------------------------
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
+                      request_id: str | None = None, arrival_time: float | None = None) -> Sequence:
+        """Validate and tokenize a request (safe from any thread; nothing is queued)."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameter("sampling_params", f"must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            text, ids = None, list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise InvalidParameter("prompt", f"token id {bad[0]} is outside the vocabulary "
+                                                 f"(0..{self.model_config.vocab_size - 1})")
+        else:
+            raise InvalidParameter("prompt", "must be a string or a list of token ids")
+        if not ids:
+            raise InvalidParameter("prompt", "is empty")
+        if len(ids) >= self.max_model_len:
+            raise ContextLengthExceeded(
+                "prompt", f"{len(ids)} tokens leave no room to generate in a context of "
+                          f"{self.max_model_len} tokens")
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        seq = Sequence(rid, ids, params, self.tokenizer,
+                       arrival_time if arrival_time is not None else time.perf_counter(), prompt=text)
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+            seq.generator = torch.Generator().manual_seed(seed)
+        return seq
+
+    def add_sequence(self, seq: Sequence) -> None:
+        if self.scheduler.find(seq.request_id) is not None:
+            raise InvalidParameter("request_id", f"{seq.request_id!r} is already running")
+        self.scheduler.add(seq)
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None) -> Sequence:
+        seq = self.make_sequence(prompt, params, request_id, arrival_time)
+        self.add_sequence(seq)
+        return seq
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now; its blocks go back to the pool. None if it is not running or queued."""
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, FinishReason.ABORT, None, time.perf_counter())
+        return seq.output([], seq.detokenizer.release(finished=True))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return an output for every request that got a token or finished."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        slots = list(self.scheduler.slots)
+        work: dict[str, SlotWork] = {}
+        for seq, n in sched.scheduled:
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = t0
+            decode = seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0
+            work[seq.request_id] = SlotWork(seq.request_id, "decode" if decode else "prefill", n,
+                                            recompute=seq.num_preemptions > 0 and not decode)
+
+        step_input = self.runner.prepare(sched.scheduled)
+        logits = self.runner.run(step_input)
+        seqs = step_input.sample_seqs
+        tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        t1 = time.perf_counter()
+
+        for seq, n in sched.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.publish(seq)
+        outputs, finished = [], []
+        for seq, token, cands in zip(seqs, tokens, candidates):
+            self._append_token(seq, token, cands, t1)
+            work[seq.request_id].output_index = seq.num_output_tokens
+            if seq.is_finished:
+                finished.append(seq.request_id)
+            outputs.append(seq.output([token], seq.detokenizer.release(seq.is_finished)))
+
+        self.trace.append(StepTrace(
+            step=self.num_steps, start_s=t0 - self.start_time, duration_s=t1 - t0,
+            num_batched_tokens=sched.num_batched_tokens,
+            num_prefill_tokens=sum(w.num_tokens for w in work.values() if w.kind == "prefill"),
+            num_decode_tokens=sum(w.num_tokens for w in work.values() if w.kind == "decode"),
+            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
+            kv_blocks_total=self.block_manager.num_blocks,
+            slots=[work.get(rid) or (SlotWork(rid, "idle") if rid else None) for rid in _trim(slots)],
+            preempted=[s.request_id for s in sched.preempted], finished=finished))
+        self.num_steps += 1
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, cands, now: float) -> None:
+        seq.token_ids.append(token)
+        seq.metrics.token_times.append(now)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        if seq.candidates is not None:
+            seq.candidates.append(cands)
+        stop_string = seq.detokenizer.append(token)
+        params = seq.params
+        if token in self.stop_token_ids and not params.ignore_eos:
+            self._finish(seq, FinishReason.STOP, token, now)
+        elif token in params.stop_token_ids:
+            self._finish(seq, FinishReason.STOP, token, now)
+        elif stop_string is not None:
+            self._finish(seq, FinishReason.STOP, stop_string, now)
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, FinishReason.LENGTH, None, now)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason, now: float) -> None:
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        seq.metrics.finished_time = now
+        self.scheduler.finish(seq)
+
+    # -- state for the widgets ---------------------------------------------------------------
+    def kv_stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "total_blocks": bm.num_blocks,
+            "free_blocks": bm.num_free_blocks,
+            "used_blocks": bm.num_blocks - bm.num_free_blocks,
+            "cached_blocks": bm.num_cached_blocks,
+            "block_size": bm.block_size,
+            "bytes": self.cache.nbytes,
+            "bytes_per_token": self.model_config.kv_values_per_token * BYTES_PER_VALUE,
+        }
+
+    def request_states(self) -> list[dict]:
+        """Every running or waiting request with its block table (for the paging widget)."""
+        rows = []
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            rows.append({"request_id": seq.request_id, "status": seq.status.value,
+                         "num_tokens": seq.num_tokens, "num_computed_tokens": seq.num_computed_tokens,
+                         "block_table": list(seq.block_table), "slot": seq.slot})
+        return rows
+
+
+def _trim(slots: list) -> list:
+    """Slots up to the last occupied one."""
+    last = max((i for i, s in enumerate(slots) if s is not None), default=-1)
+    return slots[: last + 1]

@@ -1,0 +1,80 @@
+"""LLM: the offline API, in vLLM's shape.
+
+    llm = LLM("smollm2-135m")
+    outputs = llm.generate(["Once upon a time"], SamplingParams(temperature=0.0, max_tokens=32))
+    print(outputs[0].text)
+
+generate() queues every prompt and steps the engine until all are done, so the prompts are
+batched together exactly as concurrent users' requests are.
+"""
+
+from .config import EngineConfig
+from .engine import LLMEngine
+from .errors import InvalidParameter
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2-135m", *, block_size: int = 16, num_kv_blocks: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, scheduling: str = "continuous", loaded=None, **kwargs):
+        """kwargs: any other EngineConfig field. loaded: an already loaded model (toy_models), to share."""
+        config = EngineConfig(model=model, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                              enable_prefix_caching=enable_prefix_caching,
+                              enable_chunked_prefill=enable_chunked_prefill, scheduling=scheduling, **kwargs)
+        self.engine = LLMEngine(config, loaded)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """prompts: a string, a list of token ids, or a list of either. One output per prompt."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, list):
+            raise InvalidParameter("prompts", "must be a string, a list of token ids, or a list of them")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise InvalidParameter("sampling_params", f"has {len(params)} entries for {len(prompts)} prompts")
+        seqs = [self.engine.make_sequence(p, sp) for p, sp in zip(prompts, params)]  # validate all first
+        for seq in seqs:
+            self.engine.add_sequence(seq)
+        return self._run({s.request_id for s in seqs}, [s.request_id for s in seqs])
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None):
+        """messages: [{"role": ..., "content": ...}, ...] -> one RequestOutput (or a list of
+        conversations -> a list of outputs). The model's chat template adds the assistant prompt."""
+        many = bool(messages) and isinstance(messages[0], list)
+        conversations = messages if many else [messages]
+        prompts = [self.tokenizer.apply_chat_template(validate_messages(c)) for c in conversations]
+        outputs = self.generate(prompts, sampling_params)
+        return outputs if many else outputs[0]
+
+    def _run(self, pending: set[str], order: list[str]) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        while pending:
+            for output in self.engine.step():
+                if output.finished and output.request_id in pending:
+                    done[output.request_id] = output
+                    pending.discard(output.request_id)
+        return [done[rid] for rid in order]
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def validate_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParameter("messages", "must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise InvalidParameter(f"messages[{i}]", "must have exactly the keys role and content")
+        if m["role"] not in ROLES:
+            raise InvalidParameter(f"messages[{i}].role", f"must be one of {ROLES}, got {m['role']!r}")
+        if not isinstance(m["content"], str):
+            raise InvalidParameter(f"messages[{i}].content", "must be a string")
+    return messages

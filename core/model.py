@@ -1,0 +1,170 @@
+"""A Llama-style decoder in plain PyTorch, readable top to bottom (after nanoGPT's model.py).
+
+SmolLM2-135M is a Llama: token embedding -> 30 x [RMSNorm -> grouped-query attention with RoPE
+-> residual add -> RMSNorm -> SwiGLU MLP -> residual add] -> RMSNorm -> logits through the same
+embedding matrix (tied). Shapes below: T tokens in the packed batch, C = hidden size, H query
+heads and Hkv key/value heads of size D, V vocabulary.
+
+The forward pass takes a packed batch of tokens from many sequences with explicit positions and
+no padding, so one engine step can mix prefill chunks and decode tokens (see attention.py).
+Without a PagedBatch it runs one whole sequence with plain causal attention, which is what the
+widgets use to look inside: a Probe collects attention weights, per-layer norms and more.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import PagedBatch, causal_attention, linear, paged_attention
+from .config import ModelConfig
+
+
+@dataclass
+class Probe:
+    """What to record during an uncached forward pass, for the widgets."""
+
+    attention_layers: set[int] = field(default_factory=set)  # keep the weights of these layers
+    layer_stats: bool = False                                # per-layer norms and entropies
+    qk_layers: set[int] = field(default_factory=set)         # keep rotated q and k of these layers
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (H, T, T)
+    qk: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    stats: list[dict[str, torch.Tensor]] = field(default_factory=list)  # one dict per layer
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich, 2019): LayerNorm without the mean."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # (T, C)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al., 2021), in Llama's 'rotate half' layout.
+
+    Dimension i of a head is paired with i + D/2 and the pair is rotated by position * theta^(-2i/D):
+    fast rotations in the first pairs, slow ones in the last.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, D/2)
+        angles = torch.cat([angles, angles], dim=-1)                         # (P, D)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x, positions):  # x: (T, heads, D), positions: (T,)
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.H, self.Hkv, self.D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # q, k and v projections fused into one matrix: one matmul instead of three.
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.H + 2 * self.Hkv) * self.D, bias=False)
+        self.o_proj = nn.Linear(self.H * self.D, cfg.hidden_size, bias=False)
+
+    def forward(self, x, positions, rotary, batch: PagedBatch | None, probe: Probe | None):
+        T = x.shape[0]
+        q, k, v = linear(x, self.qkv_proj.weight).split(
+            [self.H * self.D, self.Hkv * self.D, self.Hkv * self.D], dim=-1)
+        q = rotary(q.view(T, self.H, self.D), positions)        # (T, H, D)
+        k = rotary(k.view(T, self.Hkv, self.D), positions)      # (T, Hkv, D)
+        v = v.view(T, self.Hkv, self.D)                         # (T, Hkv, D)
+        if batch is not None:
+            y = paged_attention(q, k, v, self.layer, batch)     # (T, H, D)
+        else:
+            y, weights = causal_attention(q, k, v)              # (T, H, D), (H, T, T)
+            if probe is not None:
+                if self.layer in probe.attention_layers:
+                    probe.attention[self.layer] = weights
+                if self.layer in probe.qk_layers:
+                    probe.qk[self.layer] = (q, k)
+                if probe.layer_stats:
+                    entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # (H, T)
+                    probe.stats[-1]["attention_entropy"] = entropy
+        return linear(y.reshape(T, self.H * self.D), self.o_proj.weight)  # (T, C)
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer, 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):  # (T, C)
+        gate, up = linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)  # (T, I) each
+        return linear(F.silu(gate) * up, self.down_proj.weight)          # (T, C)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, rotary, batch=None, probe=None):  # x: (T, C)
+        if probe is not None and probe.layer_stats:
+            probe.stats.append({})
+        a = self.attn(self.attn_norm(x), positions, rotary, batch, probe)
+        x = x + a
+        m = self.mlp(self.mlp_norm(x))
+        x = x + m
+        if probe is not None and probe.layer_stats:
+            probe.stats[-1].update(attention_update=a.norm(dim=-1), mlp_update=m.norm(dim=-1),
+                                   residual=x.norm(dim=-1))
+        return x
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+
+    @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> "Transformer":
+        """Build without random initialisation (on the meta device), then adopt the tensors."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(state_dict, strict=True, assign=True)
+        model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        return model.eval().requires_grad_(False)
+
+    def forward(self, input_ids, positions, batch: PagedBatch | None = None, probe: Probe | None = None):
+        """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
+        x = self.embed_tokens(input_ids)  # (T, C)
+        for block in self.layers:
+            x = block(x, positions, self.rotary, batch, probe)
+        return self.norm(x)
+
+    def logits(self, hidden):  # (N, C) -> (N, V), through the tied embedding matrix
+        return linear(hidden, self.embed_tokens.weight)
+
+    @torch.inference_mode()
+    def score(self, input_ids: list[int], probe: Probe | None = None) -> torch.Tensor:
+        """Logits for every position of one sequence, no cache: (T, V)."""
+        ids = torch.tensor(input_ids, dtype=torch.long)
+        return self.logits(self.forward(ids, torch.arange(len(input_ids)), probe=probe))

@@ -1,0 +1,70 @@
+"""Turn one scheduled step into tensors, run the model over the paged KV cache, return logits.
+
+The scheduler says which sequences compute how many tokens; the runner packs those tokens into
+one flat batch (ids, positions, the pool slot of each token's K and V), groups the sequences for
+attention (decodes apart from prefill chunks), runs the forward pass once, and keeps the logits
+only of each sequence whose computed tokens reach its end (a finished prefill or a decode): only
+those sample a token this step. The LM head is 49152 x 576, so skipping the other rows matters.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import KVCache, PagedBatch, build_group, min_query_rows
+from .model import Transformer
+from .sequence import Sequence
+
+
+@dataclass
+class StepInput:
+    input_ids: torch.Tensor    # (T,)
+    positions: torch.Tensor    # (T,)
+    batch: PagedBatch
+    sample_rows: torch.Tensor  # (N,) packed index of the last token of each sampling sequence
+    sample_seqs: list[Sequence]
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, cache: KVCache):
+        self.model = model
+        self.cache = cache
+        self.block_size = cache.block_size
+        cfg = model.config
+        self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
+        bs = self.block_size
+        ids, positions, slots = [], [], []
+        decodes, prefills = [], []
+        sample_rows, sample_seqs = [], []
+        t = 0
+        for seq, n in scheduled:
+            start = seq.num_computed_tokens
+            pos = torch.arange(start, start + n)
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            ids.append(torch.tensor(seq.token_ids[start:start + n], dtype=torch.long))
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            entry = (t, n, start, seq.block_table[: -(-(start + n) // bs)])
+            (decodes if n == 1 else prefills).append(entry)
+            if start + n == seq.num_tokens:
+                sample_rows.append(t + n - 1)
+                sample_seqs.append(seq)
+            t += n
+        groups = [build_group(g, bs, self.min_rows) for g in (decodes, prefills) if g]
+        return StepInput(
+            input_ids=torch.cat(ids),
+            positions=torch.cat(positions),
+            batch=PagedBatch(self.cache, torch.cat(slots), groups),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.long),
+            sample_seqs=sample_seqs,
+        )
+
+    @torch.inference_mode()
+    def run(self, step: StepInput) -> torch.Tensor:
+        """-> logits (N, V) for step.sample_seqs, in that order."""
+        hidden = self.model(step.input_ids, step.positions, step.batch)  # (T, C)
+        if len(step.sample_seqs) == 0:
+            return hidden.new_empty(0, self.model.config.vocab_size)
+        return self.model.logits(hidden[step.sample_rows])               # (N, V)

@@ -1,0 +1,84 @@
+"""What the engine hands back: RequestOutput (vLLM's shape) and the timings of a request."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """Engine timestamps of one request (time.perf_counter seconds) and what follows from them."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each output token was ready
+
+    @property
+    def queue_s(self) -> float | None:
+        """Waiting before the first step that worked on it."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: arrival to the first generated token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: the mean gap between tokens."""
+        n = len(self.token_times)
+        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies: every gap between consecutive tokens."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End to end: arrival to finish."""
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    def as_dict(self) -> dict:
+        return {"queue_s": self.queue_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s}
+
+
+@dataclass
+class Candidate:
+    """One likely next token: its probability from the raw logits and after the sampling filters."""
+
+    token_id: int
+    prob: float        # softmax of the logits at temperature 1
+    final_prob: float  # after temperature, top-k and top-p (what was actually sampled from)
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]             # generated so far
+    text: str                        # generated so far, detokenized (stop string removed)
+    finished: bool
+    finish_reason: str | None        # "stop", "length" or "abort"
+    stop_reason: int | str | None    # the stop token id or stop string, when it was one of those
+    num_cached_tokens: int           # prompt tokens whose KV came from the prefix cache
+    metrics: RequestMetrics
+    new_token_ids: list[int] = field(default_factory=list)  # what this step added
+    new_text: str = ""               # text released by this step (held back near a stop string)
+    candidates: list[list[Candidate]] | None = None  # per generated token, if asked for
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's layout: one completion per request (n=1)."""
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.stop_reason)]

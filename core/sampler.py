@@ -1,0 +1,72 @@
+"""From logits to the next token: greedy, temperature, top-k, top-p, per-request seeds.
+
+Order of the filters (as in Hugging Face's generate): divide by the temperature, keep the top k,
+keep the smallest set whose probability reaches top_p, renormalise, draw. Temperature 0 means
+greedy (argmax). Each request draws with its own torch.Generator, so a seeded request samples the
+same tokens alone or beside any others. It can also report the N most likely tokens with their
+probabilities before and after the filters, for the widgets that show sampling.
+"""
+
+import torch
+
+from .outputs import Candidate
+from .sampling_params import SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                  top_p: torch.Tensor) -> torch.Tensor:
+    """logits (N, V); per-row temperature (>0), top_k (0 = off), top_p (1 = off) -> filtered logits.
+
+    Filtered-out tokens get -inf, so softmax gives them probability exactly 0.
+    """
+    logits = logits / temperature[:, None]
+    V = logits.shape[-1]
+    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)           # (N, V)
+        rank = torch.arange(V)[None, :]
+        k = torch.where(top_k > 0, top_k, V)[:, None]
+        drop = rank >= k                                                       # top-k
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs                                  # mass of better tokens
+        drop |= before >= top_p[:, None]                                       # top-p (keeps >= 1)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return logits
+
+
+class Sampler:
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]):
+        """logits (N, V) -> (token ids [N], candidates per row or None)."""
+        N = logits.shape[0]
+        tokens = logits.argmax(dim=-1)                                         # greedy rows
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        final_probs = None
+        if sampled:
+            rows = torch.tensor(sampled)
+            filtered = filter_logits(
+                logits[rows],
+                torch.tensor([params[i].temperature for i in sampled], dtype=logits.dtype),
+                torch.tensor([params[i].top_k for i in sampled]),
+                torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype))
+            final_probs = filtered.softmax(dim=-1)                            # (n, V)
+            for j, i in enumerate(sampled):
+                tokens[i] = torch.multinomial(final_probs[j], 1, generator=generators[i])[0]
+        candidates = [None] * N
+        wanted = [i for i, p in enumerate(params) if p.top_candidates]
+        if wanted:
+            raw = logits[wanted].softmax(dim=-1)
+            row_of = {i: j for j, i in enumerate(sampled)}
+            for j, i in enumerate(wanted):
+                top = raw[j].topk(params[i].top_candidates).indices.tolist()
+                chosen = int(tokens[i])
+                if chosen not in top:
+                    top.append(chosen)
+                if i in row_of:
+                    final = final_probs[row_of[i]]
+                    finals = [float(final[t]) for t in top]
+                else:  # greedy: all the probability on the argmax
+                    finals = [1.0 if t == chosen else 0.0 for t in top]
+                candidates[i] = [Candidate(t, float(raw[j, t]), f) for t, f in zip(top, finals)]
+        return tokens.tolist(), candidates

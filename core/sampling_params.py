@@ -1,0 +1,52 @@
+"""SamplingParams: how one request picks its next tokens and when it stops (vLLM's names)."""
+
+from dataclasses import dataclass, field
+
+from .errors import InvalidParameter
+
+MAX_TOP_CANDIDATES = 20  # the most candidates a request may ask to see per step
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0       # 0 = greedy (always the most likely token)
+    top_k: int = 0                 # keep the k most likely tokens; 0 (or -1) = all
+    top_p: float = 1.0             # keep the smallest set whose probability reaches p; 1 = all
+    max_tokens: int = 16           # generated tokens at most
+    seed: int | None = None        # a seeded request samples the same tokens whatever the batch
+    stop: str | list[str] | None = None   # strings that end the text (not included in it)
+    stop_token_ids: list[int] = field(default_factory=list)  # tokens that end it, besides EOS
+    ignore_eos: bool = False       # keep going past the end-of-sequence token
+    top_candidates: int = 0        # report the N most likely tokens each step, before/after filters
+
+    def __post_init__(self):
+        def number(name, value, lo, hi, integer=False):
+            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+                raise InvalidParameter(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+            if not (lo <= value <= hi) or value != value:
+                raise InvalidParameter(name, f"must be between {lo} and {hi}, got {value!r}")
+
+        number("temperature", self.temperature, 0.0, 100.0)
+        number("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0.0:
+            raise InvalidParameter("top_p", "must be greater than 0")
+        number("top_k", self.top_k, -1, 1 << 30, integer=True)
+        if self.top_k == -1:
+            self.top_k = 0
+        number("max_tokens", self.max_tokens, 1, 1 << 30, integer=True)
+        number("top_candidates", self.top_candidates, 0, MAX_TOP_CANDIDATES, integer=True)
+        if self.seed is not None:
+            number("seed", self.seed, 0, (1 << 63) - 1, integer=True)
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidParameter("stop", "must be a non-empty string or a list of them")
+        if not isinstance(self.stop_token_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidParameter("stop_token_ids", "must be a list of token ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

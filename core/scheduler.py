@@ -1,0 +1,151 @@
+"""Which requests run in the next step, and how many tokens each computes.
+
+Continuous batching (Yu et al., 2022, "Orca"): the batch is re-formed at every step. Running
+requests go first, oldest first, each with its next token (decode) or its next prefill chunk;
+then waiting requests join while the step's token budget (max_num_batched_tokens), the batch
+slots (max_num_seqs) and the KV pool allow. With chunked prefill (Agrawal et al., 2024,
+"Sarathi-Serve") a long prompt is cut to fit the budget, so it does not stall the decoders.
+
+Static batching, the baseline: a batch is formed from the queue and nobody joins until every
+member has finished; finished members leave their slot idle.
+
+Preemption by recompute: when a running request needs a block and none is free, the newest
+running request gives its blocks back and returns to the front of the queue; later its prompt
+and the tokens it had generated are prefilled again (the prefix cache often has them).
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .config import EngineConfig, Scheduling
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, tokens this step)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []            # oldest admitted first
+        self.slots: list[str | None] = [None] * config.max_num_seqs  # request id per batch slot
+        self.static_batch: set[str] = set()          # members of the static batch in flight
+
+    @property
+    def static(self) -> bool:
+        return self.config.scheduling == Scheduling.STATIC
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        chunked = self.config.enable_chunked_prefill
+
+        # 1. Running requests: next token, or next prefill chunk.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = seq.num_uncomputed_tokens
+            if chunked:
+                n = min(n, budget)
+            elif n > budget:
+                i += 1
+                continue
+            while not self.block_manager.can_allocate(seq, n):
+                victim = self.running[-1]  # the newest request gives way
+                self.preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break
+            self.block_manager.allocate(seq, n)
+            out.scheduled.append((seq, n))
+            budget -= n
+            i += 1
+
+        # 2. Waiting requests join, unless memory just ran short.
+        if out.preempted:
+            return out
+        if self.static and not self.static_batch:
+            self.static_batch = {s.request_id for s in list(self.waiting)[: self.config.max_num_seqs]}
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if self.static and seq.request_id not in self.static_batch:
+                break
+            cached_ids, cached_hashes = self.block_manager.find_cached_prefix(seq)
+            n = seq.num_tokens - len(cached_ids) * self.block_manager.block_size
+            if chunked:
+                n = min(n, budget)
+            elif n > budget and (out.scheduled or n <= self.config.max_num_batched_tokens):
+                break  # a whole prompt must fit; one larger than any budget runs alone
+            if not self.block_manager.can_admit(seq, cached_ids, n):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, cached_ids, cached_hashes, n)
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            if seq.slot is None:
+                seq.slot = self.slots.index(None)
+                self.slots[seq.slot] = seq.request_id
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+        return out
+
+    # -- state changes -----------------------------------------------------------------------
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop the KV, queue again at the front."""
+        self.running.remove(seq)
+        self.block_manager.free_blocks(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        if not self.static:  # a static batch keeps its member's slot while it waits
+            self._release_slot(seq)
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """seq is done (or aborted): free its blocks and, unless a static batch holds it, its slot."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free_blocks(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        if self.static and seq.request_id in self.static_batch:
+            self.static_batch.discard(seq.request_id)
+            if not self.static_batch:  # the whole batch is done: its slots open together
+                self.slots = [None] * self.config.max_num_seqs
+        else:
+            self._release_slot(seq)
+
+    def _release_slot(self, seq: Sequence) -> None:
+        if seq.slot is not None and self.slots[seq.slot] == seq.request_id:
+            self.slots[seq.slot] = None
+        seq.slot = None
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in self.running:
+            if seq.request_id == request_id:
+                return seq
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                return seq
+        return None

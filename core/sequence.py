@@ -1,0 +1,87 @@
+"""One request inside the engine: its tokens, how many have KV in the cache, and its blocks.
+
+Invariant: tokens[:num_computed_tokens] have their keys and values in the KV cache, in the blocks
+of `block_table`. A step computes tokens[num_computed_tokens : num_computed_tokens + n]; when that
+reaches the end of `token_ids` the model's last logits give the next token. More than one token
+left to compute means prefill (or recompute after preemption); exactly one means decode.
+"""
+
+from enum import Enum
+
+import torch
+
+from .detokenizer import Detokenizer
+from .outputs import Candidate, RequestMetrics, RequestOutput
+from .sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"    # queued, or preempted and queued again
+    RUNNING = "running"    # holds KV blocks and a batch slot
+    FINISHED = "finished"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"          # end token, stop token or stop string
+    LENGTH = "length"      # max_tokens or the context window
+    ABORT = "abort"        # the client gave up
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 tokenizer, arrival_time: float, prompt: str | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0             # prompt tokens served by the prefix cache
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []      # hashes of the full blocks published so far
+        self.slot: int | None = None           # batch slot (a column of the batching trace)
+        self.num_preemptions = 0
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.detokenizer = Detokenizer(tokenizer, params.stop)
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.generator: torch.Generator | None = None
+        self.candidates: list[list[Candidate]] | None = [] if params.top_candidates else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def output(self, new_token_ids: list[int], new_text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.token_ids[: self.num_prompt_tokens],
+            token_ids=self.output_token_ids,
+            text=self.detokenizer.text,
+            finished=self.is_finished,
+            finish_reason=self.finish_reason.value if self.finish_reason else None,
+            stop_reason=self.stop_reason,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=self.metrics,
+            new_token_ids=new_token_ids,
+            new_text=new_text,
+            candidates=self.candidates,
+        )

@@ -1,0 +1,161 @@
+"""The model's tokenizer and chat template, and which token of a prompt came from where.
+
+Wraps the Hugging Face fast tokenizer that toy_models builds from the GGUF file (byte-level BPE,
+49152 pieces). `render_chat` applies the model's own Jinja chat template and labels every token:
+the message content it came from, the role wrapper around it (`<|im_start|>user\n` ...), text the
+template inserts on its own (SmolLM2's default system prompt), the generation prompt that invites
+the assistant's turn, and special tokens.
+"""
+
+import threading
+from dataclasses import dataclass
+from enum import Enum
+
+
+class TokenKind(str, Enum):
+    CONTENT = "content"                      # the message's own text
+    WRAPPER = "wrapper"                      # the role wrapper around it
+    INSERTED = "inserted"                    # text the template adds by itself (default system prompt)
+    GENERATION_PROMPT = "generation_prompt"  # the opening of the assistant's turn
+    SPECIAL = "special"                      # a special token (<|im_start|>, <|im_end|>, ...)
+
+
+@dataclass
+class ChatToken:
+    id: int
+    text: str            # this token alone, decoded
+    kind: TokenKind
+    role: str | None     # role of the message (or inserted turn) the token belongs to
+    message: int | None  # index into the messages, None for inserted text
+
+
+@dataclass
+class RenderedChat:
+    text: str
+    token_ids: list[int]
+    tokens: list[ChatToken]
+
+
+# Private-use characters mark where each message's content sits in the rendered template.
+_OPEN, _MID, _CLOSE = "\ue000", "\ue001", "\ue002"
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+        self._lock = threading.Lock()  # the Rust tokenizer must not be entered by two threads at once
+        self.eos_token_id: int = hf_tokenizer.eos_token_id
+        self.bos_token_id: int | None = hf_tokenizer.bos_token_id
+        self.vocab_size = len(hf_tokenizer)
+        self.special_ids = {i for i, t in hf_tokenizer.added_tokens_decoder.items() if t.special}
+        self.special_strings = sorted((hf_tokenizer.added_tokens_decoder[i].content for i in self.special_ids),
+                                      key=len, reverse=True)
+
+    @classmethod
+    def from_dir(cls, path) -> "Tokenizer":
+        from transformers import AutoTokenizer
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    def encode(self, text: str) -> list[int]:
+        with self._lock:
+            return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        with self._lock:
+            return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_texts(self, ids) -> list[str]:
+        """Each token decoded on its own (a piece of a multi-byte character shows as U+FFFD)."""
+        with self._lock:
+            return [self.hf.decode([i], skip_special_tokens=False) for i in ids]
+
+    def render_template(self, messages, add_generation_prompt: bool = True) -> str:
+        with self._lock:
+            return self.hf.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.render_template(messages, add_generation_prompt))
+
+    def render_chat(self, messages, add_generation_prompt: bool = True) -> RenderedChat:
+        """The template applied to `messages`, with every token labelled (see TokenKind)."""
+        text = self.render_template(messages, add_generation_prompt)
+        labels = self._char_labels(messages, text, add_generation_prompt)
+        with self._lock:
+            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = enc["input_ids"]
+        texts = self.token_texts(ids)
+        tokens = []
+        for tid, piece, (start, _) in zip(ids, texts, enc["offset_mapping"]):
+            kind, role, message = labels[start] if start < len(labels) else (TokenKind.INSERTED, None, None)
+            if tid in self.special_ids:
+                kind = TokenKind.SPECIAL
+            tokens.append(ChatToken(tid, piece, kind, role, message))
+        return RenderedChat(text, ids, tokens)
+
+    def _char_labels(self, messages, text, add_generation_prompt):
+        """(kind, role, message index) for every character of the rendered text."""
+        # 1. Which characters are message content: render once with each content marked.
+        marked = [{**m, "content": f"{_OPEN}{i}{_MID}{m['content']}{_CLOSE}"} for i, m in enumerate(messages)]
+        content_of = []  # per character of the clean text: message index or None
+        current = None
+        raw = self.render_template(marked, add_generation_prompt)
+        pos = 0
+        while pos < len(raw):
+            ch = raw[pos]
+            if ch == _OPEN:
+                mid = raw.index(_MID, pos)
+                current = int(raw[pos + 1:mid])
+                pos = mid + 1
+                continue
+            if ch == _CLOSE:
+                current = None
+            else:
+                content_of.append(current)
+            pos += 1
+        if len(content_of) != len(text):  # the template altered the content; label plainly
+            return [(TokenKind.WRAPPER, None, None)] * len(text)
+        # 2. Which message each wrapper character belongs to: render growing prefixes.
+        owner = [None] * len(text)
+        start = 0
+        for i in range(len(messages)):
+            end = len(self.render_template(messages[: i + 1], add_generation_prompt=False))
+            for c in range(start, min(end, len(text))):
+                owner[c] = i
+            start = end
+        labels = []
+        for c in range(len(text)):
+            i = content_of[c]
+            if i is not None:
+                labels.append((TokenKind.CONTENT, messages[i]["role"], i))
+            elif owner[c] is None:
+                labels.append((TokenKind.GENERATION_PROMPT, "assistant", None))
+            else:
+                labels.append((TokenKind.WRAPPER, messages[owner[c]]["role"], owner[c]))
+        # 3. Template text before a message's own opening special token is the template's own
+        #    addition (SmolLM2 inserts a system turn when the chat has none).
+        for i, m in enumerate(messages):
+            chars = [c for c in range(len(text)) if owner[c] == i]
+            first_content = next((c for c in chars if content_of[c] == i), None)
+            if not chars or first_content is None:
+                continue
+            opening = self._last_special_before(text, chars[0], first_content)
+            inserted_role = self._role_after_special(text, chars[0])
+            for c in range(chars[0], opening):
+                labels[c] = (TokenKind.INSERTED, inserted_role, None)
+        return labels
+
+    def _last_special_before(self, text, lo, hi):
+        best = lo
+        for s in self.special_strings:
+            at = text.rfind(s, lo, hi)
+            if at > best:
+                best = at
+        return best
+
+    def _role_after_special(self, text, at):
+        for s in self.special_strings:
+            if text.startswith(s, at):
+                line = text[at + len(s):].split("\n", 1)[0].strip()
+                return line or None
+        return None

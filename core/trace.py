@@ -1,0 +1,38 @@
+"""The engine's own record of each step, for the batching widgets.
+
+One row per step: which request did what in each batch slot (a prefill chunk of how many tokens,
+or a decode producing its n-th token; idle when a slot is held but did no work), how long the
+step took, and how full the KV pool was. Drawn as a grid, rows are steps and columns are slots:
+static batching shows idle slots waiting for the longest member; continuous batching refills them.
+"""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SlotWork:
+    request_id: str
+    kind: str                      # "prefill", "decode" or "idle"
+    num_tokens: int = 0            # tokens computed this step
+    output_index: int | None = None  # 1-based index of the token this step produced, if any
+    recompute: bool = False        # prefill again after a preemption
+
+
+@dataclass
+class StepTrace:
+    step: int
+    start_s: float                 # since the engine started
+    duration_s: float
+    num_batched_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    slots: list[SlotWork | None] = field(default_factory=list)  # by slot; None = empty
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
