@@ -20,7 +20,7 @@ from .config import EngineConfig
 from .errors import ContextLengthExceeded, InvalidParameter
 from .model import Transformer
 from .model_runner import ModelRunner
-from .outputs import RequestOutput
+from .outputs import RequestOutput, StepRecord
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -138,6 +138,8 @@ class LLMEngine:
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.publish(seq)
+            seq.metrics.steps.append(StepRecord(self.num_steps, t0, t1 - t0, work[seq.request_id].kind, n,
+                                                len(sched.scheduled), sched.num_batched_tokens))
         outputs, finished = [], []
         for seq, token, cands in zip(seqs, tokens, candidates):
             self._append_token(seq, token, cands, t1)

@@ -16,6 +16,7 @@ from typing import Callable
 from .engine import LLMEngine
 from .errors import EngineOverloaded
 from .outputs import RequestOutput
+from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._listeners: dict[str, Listener] = {}
         self._num_pending = 0  # submitted, not yet handed to the engine
+        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sendlens-engine", daemon=True)
@@ -74,11 +76,18 @@ class EngineLoop:
     # -- from any thread ---------------------------------------------------------------------
     def submit(self, prompt, params=None, listener: Listener | None = None) -> RequestStream:
         """Queue a request. Raises InvalidParameter (bad input) or EngineOverloaded at once."""
+        return self.enqueue(self.prepare(prompt, params), listener)
+
+    def prepare(self, prompt, params=None) -> Sequence:
+        """Validate and tokenize without queueing (so a caller can answer before any output)."""
         if len(self.engine.scheduler.waiting) + self._num_pending >= self.max_queue:
             raise EngineOverloaded(f"{self.max_queue} requests are already waiting; try again shortly")
-        seq = self.engine.make_sequence(prompt, params)
+        return self.engine.make_sequence(prompt, params)
+
+    def enqueue(self, seq: Sequence, listener: Listener | None = None) -> RequestStream:
         stream = RequestStream(seq.request_id, seq.token_ids[: seq.num_prompt_tokens])
-        self._num_pending += 1
+        with self._lock:
+            self._num_pending += 1
         self._send(("add", seq, listener or stream.put))
         return stream
 
@@ -125,7 +134,8 @@ class EngineLoop:
             kind = command[0]
             if kind == "add":
                 _, seq, listener = command
-                self._num_pending -= 1
+                with self._lock:
+                    self._num_pending -= 1
                 self._listeners[seq.request_id] = listener
                 self.engine.add_sequence(seq)
             elif kind == "abort":

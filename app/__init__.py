@@ -1,0 +1,71 @@
+"""sendlens' web app: the walkthrough, embeddable widgets and the live websocket.
+
+    app = create_app({"model": "tiny"})   # or a ServerConfig
+
+Flask's application-factory pattern: the factory builds the config, starts the one engine
+(runtime.init_app) and registers the blueprints: pages (/ and /healthz), embeds (/embed/<name>),
+live (/ws) and assets (/vendor/...).
+"""
+
+from pathlib import Path
+
+from flask import Flask, request
+
+from .config import ServerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
+    """loaded: an already loaded model (toy_models.load_model) to share, e.g. between tests."""
+    cfg = config if isinstance(config, ServerConfig) else ServerConfig.from_mapping(config or {})
+    app = Flask(__name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"))
+    app.config["SENDLENS"] = cfg
+    app.config["TESTING"] = cfg.testing
+    # The websocket library closes a connection outright above this size; smaller excess is
+    # answered with a protocol error (max_message_bytes) and the connection stays open.
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": cfg.ws_ping_interval,
+                                         "max_message_size": 16 * cfg.max_message_bytes}
+
+    from . import assets, embeds, live, pages, runtime
+    from .widgets import find_built
+
+    runtime.init_app(app, loaded)
+    app.extensions["sendlens_widgets"] = find_built(app.static_folder)
+    app.register_blueprint(pages.bp)
+    app.register_blueprint(embeds.bp)
+    app.register_blueprint(live.bp)
+    app.register_blueprint(assets.bp)
+    live.sock.init_app(app)
+
+    @app.after_request
+    def security_headers(resp):
+        embed = request.path.startswith("/embed/")
+        ancestors = cfg.frame_ancestors if embed else "'self'"
+        resp.headers["Content-Security-Policy"] = f"frame-ancestors {ancestors}"
+        if not embed:
+            resp.headers["X-Frame-Options"] = "SAMEORIGIN"
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        return resp
+
+    from .sections import BADGES
+
+    app.jinja_env.filters["inline_links"] = inline_links
+    app.context_processor(lambda: {"badges": BADGES})
+    return app
+
+
+def inline_links(text: str):
+    """Escape prose and turn [words](#slug) into links to sections of the page."""
+    import re
+
+    from markupsafe import Markup, escape
+
+    out, last = [], 0
+    for m in re.finditer(r"\[([^\]]+)\]\(#([a-z0-9-]+)\)", text):
+        out.append(escape(text[last:m.start()]))
+        out.append(Markup('<a href="#{}">{}</a>').format(m.group(2), m.group(1)))
+        last = m.end()
+    out.append(escape(text[last:]))
+    return Markup("").join(out)

@@ -1,0 +1,43 @@
+"""The server's settings, in one dataclass with commented defaults. Every limit has a name."""
+
+from dataclasses import dataclass, field, fields
+
+from core.config import EngineConfig
+from core.errors import InvalidParameter
+
+
+@dataclass
+class ServerConfig:
+    model: str = "smollm2-135m"           # a name from toy_models
+    engine: EngineConfig = field(default_factory=EngineConfig)  # its `model` is set from above
+    max_connections: int = 64             # websocket clients at once (a classroom)
+    max_requests_per_connection: int = 4  # generate requests in flight per client
+    max_queue: int = 256                  # requests waiting for the engine before "overloaded"
+    max_message_bytes: int = 64 * 1024    # one client message (a websocket text frame)
+    max_tokens_limit: int = 1024          # the most max_tokens a client may ask for
+    default_max_tokens: int = 256         # when a generate request does not say
+    max_inspect_tokens: int = 256         # longest text the looking-inside widgets take
+    frame_ancestors: str = "*"            # who may put /embed/ pages in an iframe (CSP)
+    ws_ping_interval: float = 25.0        # seconds between keep-alive pings from the server
+    testing: bool = False
+
+    def __post_init__(self):
+        self.engine.model = self.model
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.startswith("max_") or f.name == "default_max_tokens":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InvalidParameter(f.name, f"must be a positive integer, got {value!r}")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise InvalidParameter("default_max_tokens", "must not exceed max_tokens_limit")
+
+    @classmethod
+    def from_mapping(cls, values: dict) -> "ServerConfig":
+        """Build from a dict; keys that are EngineConfig fields go to the engine."""
+        own = {f.name for f in fields(cls)}
+        engine_keys = {f.name for f in fields(EngineConfig)}
+        unknown = set(values) - own - engine_keys
+        if unknown:
+            raise InvalidParameter(sorted(unknown)[0], "is not a server or engine setting")
+        engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_keys and k != "model"})
+        return cls(engine=engine, **{k: v for k, v in values.items() if k in own and k != "engine"})
