@@ -59,7 +59,7 @@ def parse(raw, config: ServerConfig) -> dict:
     if not (isinstance(mid, str) and 0 < len(mid) <= MAX_ID_LENGTH) and not (
             isinstance(mid, int) and not isinstance(mid, bool)):
         raise ProtocolError("invalid_request", f"id must be a string of 1 to {MAX_ID_LENGTH} characters "
-                                               "or an integer", "id", mid if isinstance(mid, (str, int)) else None)
+                                               "or an integer", "id")  # no usable id: the reply says null
     kind = msg.get("type")
     if kind not in FIELDS:
         raise ProtocolError("invalid_request", f"type must be one of {sorted(FIELDS)}, got {kind!r}", "type", mid)

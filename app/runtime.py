@@ -20,6 +20,7 @@ class Runtime:
     def __init__(self, config: ServerConfig, loaded=None):
         self.config = config
         self.engine = LLMEngine(config.engine, loaded)
+        self.engine.warmup()
         self.loop = EngineLoop(self.engine, max_queue=config.max_queue).start()
         self._connections = threading.BoundedSemaphore(config.max_connections)
         self._count_lock = threading.Lock()

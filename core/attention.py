@@ -14,34 +14,39 @@ long prefill does not pad every decode to its length.
 
 Batch invariance. CPU matrix-multiply libraries pick a different kernel for very few rows, and
 a different kernel sums in a different order, so the same token could get slightly different
-logits alone and in a batch. Every matmul here and in model.py has at least MIN_GEMM_ROWS rows;
-above that the kernel, and so each row's result, is the same whatever else is in the batch
-(tests/test_attention.py checks it bit for bit). This is why a batched request gives exactly
-the tokens it gives alone.
+logits alone and in a batch. MKL's sgemm computes rows in panels of MIN_GEMM_ROWS; a partial
+panel (fewer rows, or the last rows of a small matrix when threads split the rows) goes to
+another kernel. So every matmul here and in model.py is padded to a whole number of panels; then
+each row's result is the same whatever else is in the batch (tests/test_attention.py checks it
+bit for bit). This is why a batched request gives exactly the tokens it gives alone.
 """
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-MIN_GEMM_ROWS = 4  # below this, MKL's sgemm switches kernels (and rounding)
+MIN_GEMM_ROWS = 4  # MKL sgemm's row panel: a partial one switches kernels (and rounding)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T with at least MIN_GEMM_ROWS rows, so each row's result is batch-invariant."""
+    """x @ weight.T with a whole number of MIN_GEMM_ROWS-row panels, so each row's result is
+    batch-invariant."""
     n = x.shape[0]
-    if n >= MIN_GEMM_ROWS:
+    rows = max(MIN_GEMM_ROWS, -(-n // MIN_GEMM_ROWS) * MIN_GEMM_ROWS)
+    if rows == n:
         return F.linear(x, weight)
-    padded = torch.cat([x, x.new_zeros(MIN_GEMM_ROWS - n, x.shape[1])])
+    padded = torch.cat([x, x.new_zeros(rows - n, x.shape[1])])
     return F.linear(padded, weight)[:n]
 
 
 def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
-    """Queries per sequence so that the score matmul (G queries per KV head) has enough rows."""
+    """Queries per sequence are padded to a multiple of this, so that the score matmul (G queries
+    per KV head, G * Q rows) has a whole number of MIN_GEMM_ROWS-row panels."""
     group = num_heads // num_kv_heads
-    return max(1, math.ceil(MIN_GEMM_ROWS / group))
+    return MIN_GEMM_ROWS // math.gcd(group, MIN_GEMM_ROWS)
 
 
 def attend(q, k, v, mask):
@@ -78,10 +83,13 @@ class KVCache:
     offset s % block_size; the block manager decides which blocks a sequence owns.
     """
 
-    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float32):
+    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim):
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        # Zeros, because attention reads whole blocks and masks the unused slots: 0 * garbage
+        # could be NaN. numpy's zeros come from calloc, so the OS hands out zeroed pages only
+        # when a block is first written, and a 1 GiB pool costs nothing up front.
+        self.k = torch.from_numpy(np.zeros(shape, dtype=np.float32))
+        self.v = torch.from_numpy(np.zeros(shape, dtype=np.float32))
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -112,7 +120,7 @@ class PagedBatch:
 def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:
     """seqs: list of (first packed index, num_query_tokens, first position, block_table)."""
     S = len(seqs)
-    Q = max(min_rows, max(n for _, n, _, _ in seqs))
+    Q = -(-max(n for _, n, _, _ in seqs) // min_rows) * min_rows
     nb = max(len(table) for _, _, _, table in seqs)
     rows = torch.arange(Q)
     token_index = torch.empty(S, Q, dtype=torch.long)

@@ -110,6 +110,17 @@ class LLMEngine:
         self._finish(seq, FinishReason.ABORT, None, time.perf_counter())
         return seq.output([], seq.detokenizer.release(finished=True))
 
+    def warmup(self) -> None:
+        """Run one short request, so the first real one does not pay for first-call setup
+        (allocator, BLAS threads). Leaves no trace: steps, trace and ids start afresh."""
+        seq = self.add_request([self.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
+        while not seq.is_finished:
+            self.step()
+        self.trace.clear()
+        self.num_steps = 0
+        self._ids = itertools.count()
+        self.start_time = time.perf_counter()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 

@@ -33,6 +33,18 @@ class Probe:
     stats: list[dict[str, torch.Tensor]] = field(default_factory=list)  # one dict per layer
 
 
+class Linear(nn.Module):
+    """y = x W^T through attention.linear (batch-invariant); no bias. The weight starts empty:
+    checkpoints load over it, so random initialisation would be wasted time."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x):
+        return linear(x, self.weight)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (Zhang & Sennrich, 2019): LayerNorm without the mean."""
 
@@ -76,12 +88,12 @@ class Attention(nn.Module):
         self.layer = layer
         self.H, self.Hkv, self.D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # q, k and v projections fused into one matrix: one matmul instead of three.
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.H + 2 * self.Hkv) * self.D, bias=False)
-        self.o_proj = nn.Linear(self.H * self.D, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, (self.H + 2 * self.Hkv) * self.D)
+        self.o_proj = Linear(self.H * self.D, cfg.hidden_size)
 
     def forward(self, x, positions, rotary, batch: PagedBatch | None, probe: Probe | None):
         T = x.shape[0]
-        q, k, v = linear(x, self.qkv_proj.weight).split(
+        q, k, v = self.qkv_proj(x).split(
             [self.H * self.D, self.Hkv * self.D, self.Hkv * self.D], dim=-1)
         q = rotary(q.view(T, self.H, self.D), positions)        # (T, H, D)
         k = rotary(k.view(T, self.Hkv, self.D), positions)      # (T, Hkv, D)
@@ -98,7 +110,7 @@ class Attention(nn.Module):
                 if probe.layer_stats:
                     entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # (H, T)
                     probe.stats[-1]["attention_entropy"] = entropy
-        return linear(y.reshape(T, self.H * self.D), self.o_proj.weight)  # (T, C)
+        return self.o_proj(y.reshape(T, self.H * self.D))       # (T, C)
 
 
 class MLP(nn.Module):
@@ -106,12 +118,12 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)  # gate and up, fused
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x):  # (T, C)
-        gate, up = linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)  # (T, I) each
-        return linear(F.silu(gate) * up, self.down_proj.weight)          # (T, C)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
+        return self.down_proj(F.silu(gate) * up)          # (T, C)
 
 
 class Block(nn.Module):
@@ -139,18 +151,17 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> "Transformer":
-        """Build without random initialisation (on the meta device), then adopt the tensors."""
-        with torch.device("meta"):
-            model = cls(cfg)
+        """Build with empty weights, then adopt the checkpoint's tensors (no copy)."""
+        model = cls(cfg)
         model.load_state_dict(state_dict, strict=True, assign=True)
-        model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         return model.eval().requires_grad_(False)
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None, probe: Probe | None = None):

@@ -50,8 +50,7 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     from core.model import Transformer
 
     g = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
+    shapes = {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
     sd = {}
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):

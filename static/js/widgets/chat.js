@@ -199,6 +199,7 @@ export function mount(root, options = {}) {
     event.preventDefault();
     const text = input.value.trim();
     if (!text || state.current) return;
+    clearTimeout(state.previewTimer);
     state.messages.push({ role: "user", content: text });
     const messages = state.messages.slice();
     input.value = "";

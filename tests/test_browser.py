@@ -1,0 +1,325 @@
+"""The site in Chromium against the real server (`python -m app`, SmolLM2-135M-Instruct).
+
+Every request the page makes is routed: only this server may be reached; anything else is
+aborted and recorded (the site must work offline). Screenshots go to the artifacts folder.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from app import ROOT
+from app.sections import SECTIONS
+from app.widgets import NAMES, find_built
+
+pytestmark = [pytest.mark.browser, pytest.mark.real_model]
+
+CHROMIUM = Path(os.environ.get("SENDLENS_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+BUILT = sorted(find_built(ROOT / "static"))
+CHAT = '[data-widget="chat"]'
+BAD_WORDS = re.compile(r"\bundefined\b|\bNaN\b")
+DURATION = re.compile(r"^\d+(\.\d+)? (ms|s)$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)
+
+
+@pytest.fixture(scope="session")
+def server(artifacts_dir):
+    """`python -m app` on a free port with the real model; stopped at the end of the session."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = artifacts_dir / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port), "--model", "smollm2-135m"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 90  # the first run converts the model
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if get_json(base + "/healthz")["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not answer /healthz in 90 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield SimpleNamespace(base=base, port=port, proc=proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+    finally:
+        pw.stop()
+
+
+class Page:
+    """A page whose console errors, page errors, websockets and outside requests are recorded."""
+
+    def __init__(self, context, server):
+        self.server = server
+        self.console_errors: list[str] = []
+        self.page_errors: list[str] = []
+        self.blocked: list[str] = []
+        self.sockets: list[str] = []
+        context.route("**/*", self._route)
+        self.page = page = context.new_page()
+        page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
+        page.on("websocket", lambda ws: self.sockets.append(ws.url))
+        page.set_default_timeout(30_000)
+
+    def _route(self, route):
+        url = route.request.url
+        if url == self.server.base or url.startswith(self.server.base + "/"):
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort()
+
+    def goto(self, path: str):
+        return self.page.goto(self.server.base + path)
+
+    def assert_clean(self):
+        assert self.console_errors == [], self.console_errors
+        assert self.page_errors == [], self.page_errors
+        assert self.blocked == [], f"requests outside the server: {self.blocked}"
+        ws_base = f"ws://127.0.0.1:{self.server.port}/"
+        assert all(u.startswith(ws_base) for u in self.sockets), self.sockets
+        text = self.page.inner_text("body")
+        assert not BAD_WORDS.search(text), BAD_WORDS.search(text).group(0)
+
+
+@pytest.fixture
+def pg(browser, server):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield Page(context, server)
+    finally:
+        context.close()
+
+
+def wait_ready(page, selector: str, timeout: float = 60_000):
+    page.wait_for_selector(f'{selector}[data-state="ready"]', timeout=timeout)
+
+
+# ---- the walkthrough -------------------------------------------------------------------------
+def test_index_shows_all_sections(pg, artifacts_dir):
+    resp = pg.goto("/")
+    assert resp.status == 200
+    page = pg.page
+    for name in BUILT:
+        wait_ready(page, f'[data-widget="{name}"]')
+    headings = page.locator("main section > h2").all_inner_texts()
+    assert [" ".join(h.split()) for h in headings] == [f"{s.number} {s.title}" for s in SECTIONS]
+    assert page.locator("main section").evaluate_all("els => els.map(e => e.id)") == [s.slug for s in SECTIONS]
+    for s in SECTIONS:
+        assert page.locator(f"#{s.slug}").is_visible()
+    # The table of contents jumps to a section.
+    page.click(f'nav.toc a[href="#{SECTIONS[8].slug}"]')
+    page.wait_for_function(f"() => location.hash === '#{SECTIONS[8].slug}'")
+    top = page.locator(f"#{SECTIONS[8].slug}").evaluate("e => e.getBoundingClientRect().top")
+    assert abs(top) < 50
+    assert page.locator("figure.coming").count() == len(NAMES) - len(BUILT)
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px"
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.screenshot(path=str(artifacts_dir / "index.png"), full_page=True)
+    pg.assert_clean()
+
+
+# ---- the chat widget -------------------------------------------------------------------------
+WATCH_STREAM = """() => {
+  window.__lengths = [];
+  const log = document.querySelector('[data-widget="chat"] .chat-log');
+  new MutationObserver(() => {
+    const last = [...log.querySelectorAll('.msg-assistant')].pop();
+    if (last && last.classList.contains('streaming')) {
+      window.__lengths.push(last.querySelector('.msg-text').textContent.length);
+    }
+  }).observe(log, {subtree: true, childList: true, characterData: true});
+}"""
+ANSWER_DONE = """(n) => {
+  const answers = document.querySelectorAll('[data-widget="chat"] .msg-assistant');
+  return answers.length === n && !answers[n - 1].classList.contains('streaming');
+}"""
+
+
+def stat(page, label: str) -> str:
+    return page.locator(f'{CHAT} .stat:has(.stat-label:text-is("{label}")) .stat-value').inner_text()
+
+
+def send(page, text: str | None, max_tokens: int, turn: int, timeout: float = 90_000):
+    """Send a message (None: the pre-filled one) and wait for the answer of this turn."""
+    page.fill(f'{CHAT} input[aria-label="Max tokens"]', str(max_tokens))
+    if text is not None:
+        page.fill(f"{CHAT} textarea", text)
+    page.click(f'{CHAT} button:text-is("Send")')
+    page.wait_for_function(ANSWER_DONE, arg=turn, timeout=timeout)
+
+
+def titles(page) -> list[str]:
+    """Every tooltip in the chat widget (title attributes and SVG titles)."""
+    return page.evaluate("""() => {
+      const root = document.querySelector('[data-widget="chat"]');
+      return [...root.querySelectorAll('[title]')].map(e => e.getAttribute('title'))
+        .concat([...root.querySelectorAll('title')].map(e => e.textContent));
+    }""")
+
+
+def test_chat_streams_reports_and_reuses_the_cache(pg, server, artifacts_dir):
+    pg.goto("/")
+    page = pg.page
+    wait_ready(page, CHAT)
+    prefilled = page.input_value(f"{CHAT} textarea")
+    assert prefilled.strip(), "the chat offers a question"
+    # The preview of the prompt is there before anything is sent.
+    assert page.locator(f"{CHAT} .tokens .tok").count() > 0
+    assert "if you press Send now" in page.inner_text(f"{CHAT} .ctx-line")
+
+    # ---- first turn: the pre-filled question, streamed
+    page.evaluate(WATCH_STREAM)
+    send(page, None, 30, turn=1)
+    lengths = page.evaluate("() => window.__lengths")
+    assert len({n for n in lengths if n > 0}) >= 2, f"the answer did not grow while streaming: {lengths}"
+    first_answer = page.locator(f"{CHAT} .msg-assistant .msg-text").first.inner_text()
+    assert first_answer.strip()
+    assert page.locator(f"{CHAT} .msg-user").first.inner_text().endswith(prefilled.strip())
+    for label in ("TTFT", "TPOT"):
+        value = stat(page, label)
+        assert DURATION.match(value), f"{label} shows {value!r}"
+    generated = int(stat(page, "Tokens out"))
+    assert 1 < generated <= 30
+    finish = page.inner_text(f"{CHAT} .finish")
+    assert re.match(r"Stopped: (the model produced its end-of-turn token \S+ \(id \d+\)"
+                    r"|it reached the limit of 30 tokens|the text reached the stop string)", finish), finish
+    assert "End to end" in finish
+    ctx = page.inner_text(f"{CHAT} .ctx-line")
+    assert re.search(r"all \d+ (computed now|sent again; \d+ came from the prefix cache)", ctx), ctx
+    assert page.locator(f"{CHAT} .timeline svg rect").count() >= 2
+    assert "prefilled" in page.inner_text(f"{CHAT} .timeline .tl-note")
+    assert page.get_attribute(CHAT, "data-state") == "ready"
+
+    # ---- second turn: the whole transcript again, its prefix from the cache
+    follow_up = "And what is the capital of Germany?"
+    send(page, follow_up, 30, turn=2)
+    ctx = page.inner_text(f"{CHAT} .ctx-line")
+    m = re.search(r"^([\d,]+) of ([\d,]+) tokens of context .*all (\d+) sent again; (\d+) came from the prefix cache",
+                  ctx)
+    assert m, ctx
+    total, window, sent, cached = (int(g.replace(",", "")) for g in m.groups())
+    assert window == 8192 and total == sent
+    assert 0 < cached < sent and cached % 16 == 0
+    assert page.locator(f"{CHAT} .tokens .tok").count() == total
+    assert page.locator(f"{CHAT} .tokens .tok.cached").count() == cached
+    shown = "".join(page.locator(f"{CHAT} .tokens .tok").all_text_contents()).replace("·", " ").replace("↵", "\n")
+    for part in (prefilled.strip(), first_answer.strip(), follow_up):
+        assert part in shown, f"{part!r} is not in the prompt the model received"
+    assert len(page.locator(f"{CHAT} .msg-assistant").all()) == 2
+    for label in ("TTFT", "TPOT"):
+        assert DURATION.match(stat(page, label))
+    assert not any(BAD_WORDS.search(t) for t in titles(page))
+    page.locator(CHAT).screenshot(path=str(artifacts_dir / "chat.png"))
+    pg.assert_clean()
+
+
+def test_chat_stop_aborts_the_request(pg, server):
+    pg.goto("/embed/chat")
+    page = pg.page
+    wait_ready(page, CHAT)
+    page.fill(f'{CHAT} input[aria-label="Max tokens"]', "400")
+    page.fill(f"{CHAT} textarea", "Write a very long story about a dragon who learns to cook. "
+                                  "Make it at least ten paragraphs long, with many details.")
+    page.click(f'{CHAT} button:text-is("Send")')
+    page.wait_for_function("""() => {
+      const v = [...document.querySelectorAll('[data-widget="chat"] .stat')]
+        .find(s => s.querySelector('.stat-label').textContent === 'Tokens out');
+      return Number(v.querySelector('.stat-value').textContent) >= 3;
+    }""", timeout=60_000)
+    stop = page.locator(f'{CHAT} button:text-is("Stop")')
+    assert stop.is_enabled()
+    stop.click()
+    page.wait_for_function(ANSWER_DONE, arg=1, timeout=30_000)
+    finish = page.inner_text(f"{CHAT} .finish")
+    assert "aborted" in finish, finish
+    assert 3 <= int(stat(page, "Tokens out")) < 400
+    assert page.locator(f"{CHAT} .msg-assistant .msg-text").inner_text().strip()
+    assert stop.is_disabled()
+    assert page.locator(f'{CHAT} button:text-is("Send")').is_enabled()
+
+    deadline = time.monotonic() + 10
+    while True:
+        h = get_json(server.base + "/healthz")
+        if h["kv"]["free_blocks"] == h["kv"]["total_blocks"] and h["running"] == 0:
+            break
+        assert time.monotonic() < deadline, f"the aborted request still holds KV blocks: {h}"
+        time.sleep(0.1)
+    pg.assert_clean()
+
+
+# ---- embeds ----------------------------------------------------------------------------------
+def test_embed_pages_are_exactly_the_built_widgets(server):
+    found = []
+    for name in NAMES:
+        try:
+            with urllib.request.urlopen(f"{server.base}/embed/{name}", timeout=10) as resp:
+                found.append(name)
+                assert resp.headers["Content-Security-Policy"] == "frame-ancestors *"
+        except urllib.error.HTTPError as err:
+            assert err.code == 404
+            err.close()
+    assert sorted(found) == BUILT
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_embed_widget_reaches_ready(pg, artifacts_dir, name):
+    resp = pg.goto(f"/embed/{name}")
+    assert resp.status == 200
+    page = pg.page
+    wait_ready(page, f'[data-widget="{name}"]')
+    assert page.locator("[data-widget]").count() == 1
+    assert page.locator("main, nav.toc").count() == 0
+    box = page.locator(f'[data-widget="{name}"]').bounding_box()
+    assert box["width"] > 600 and box["height"] > 200
+    page.screenshot(path=str(artifacts_dir / f"embed-{name}.png"), full_page=True)
+    pg.assert_clean()

@@ -1,0 +1,799 @@
+"""The websocket protocol of docs/protocol.md, against a real server on loopback (tiny model).
+
+The `live_server` fixture (conftest.py) has small limits: 4 connections, 2 requests per
+connection, a queue of 3, 4096-byte messages, max_tokens at most 64 (16 by default), 64 tokens
+for the looking-inside views. Every error test then sends a valid request on the same socket.
+"""
+
+import json
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+
+import pytest
+from simple_websocket import Client, ConnectionClosed
+
+from core import LLM
+from core.sampling_params import SamplingParams
+
+TIMEOUT = 30.0  # seconds to wait for one message (the machine may be busy with other tests)
+KINDS = {"content", "wrapper", "inserted", "generation_prompt", "special"}
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+# ---- a small client --------------------------------------------------------------------------
+class Stream:
+    def __init__(self, accepted=None, tokens=(), done=None, error=None):
+        self.accepted, self.tokens, self.done, self.error = accepted, list(tokens), done, error
+
+    @property
+    def token_ids(self):
+        return [t["token_id"] for t in self.tokens]
+
+    @property
+    def text(self):
+        return "".join(t["text"] for t in self.tokens)
+
+
+class WS:
+    """A websocket client that keeps replies to other ids aside while waiting for one id."""
+
+    def __init__(self, url: str):
+        self.client = Client.connect(url)
+        self.backlog: list[dict] = []
+        self.counter = 0
+        raw = self.client.receive(TIMEOUT)
+        assert raw is not None, "no hello from the server"
+        self.hello = json.loads(raw)
+
+    def next_id(self) -> str:
+        self.counter += 1
+        return f"r{self.counter}"
+
+    def send(self, msg) -> None:
+        self.client.send(msg if isinstance(msg, (str, bytes)) else json.dumps(msg))
+
+    def recv_for(self, mid, timeout: float = TIMEOUT) -> dict:
+        """The next message whose id is mid (None matches errors without a usable id)."""
+        for i, m in enumerate(self.backlog):
+            if m.get("id") == mid:
+                return self.backlog.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            raw = self.client.receive(max(left, 0.01))
+            if raw is None:
+                raise AssertionError(f"no message for id {mid!r} within {timeout} s")
+            m = json.loads(raw)
+            if m.get("id") == mid and type(m.get("id")) is type(mid):
+                return m
+            self.backlog.append(m)
+
+    def quiet(self, seconds: float = 0.2) -> bool:
+        """True if nothing arrives for `seconds`."""
+        return not self.backlog and self.client.receive(seconds) is None
+
+    def start(self, mid=None, **fields):
+        mid = self.next_id() if mid is None else mid
+        self.send({"type": "generate", "id": mid, **fields})
+        return mid
+
+    def accepted(self, mid) -> dict:
+        m = self.recv_for(mid)
+        assert m["type"] == "accepted", m
+        return m
+
+    def finish(self, mid, accepted=None) -> Stream:
+        """Collect a generate request's replies up to done (or an error)."""
+        s = Stream(accepted=accepted)
+        while True:
+            m = self.recv_for(mid)
+            if m["type"] == "error":
+                s.error = m
+                return s
+            if m["type"] == "accepted":
+                assert s.accepted is None and not s.tokens, "accepted comes first, once"
+                s.accepted = m
+            elif m["type"] == "token":
+                assert s.accepted is not None, "a token before accepted"
+                s.tokens.append(m)
+            elif m["type"] == "done":
+                assert s.accepted is not None, "done before accepted"
+                s.done = m
+                return s
+            else:
+                raise AssertionError(f"unexpected reply {m}")
+
+    def generate(self, **fields) -> Stream:
+        return self.finish(self.start(**fields))
+
+    def call(self, kind, **fields) -> dict:
+        mid = self.next_id()
+        self.send({"type": kind, "id": mid, **fields})
+        return self.recv_for(mid)
+
+    def error(self, msg, mid=None) -> dict:
+        """Send a message that must be refused; return the error."""
+        self.send(msg)
+        m = self.recv_for(mid)
+        assert m["type"] == "error", m
+        return m
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except ConnectionClosed:
+            pass
+
+
+def assert_works(ws: WS) -> None:
+    """The connection still serves a valid request."""
+    s = ws.generate(prompt="Still there?", max_tokens=2)
+    assert s.error is None and s.done is not None
+    assert s.done["completion_tokens"] == len(s.tokens) >= 1
+
+
+def check_stream(s: Stream, max_tokens: int) -> None:
+    """The invariants of one generate stream (docs/protocol.md)."""
+    assert s.error is None, s.error
+    acc, done, toks = s.accepted, s.done, s.tokens
+    assert acc["max_tokens"] == max_tokens
+    assert [t["index"] for t in toks] == list(range(len(toks)))
+    assert all(t["id"] == acc["id"] for t in toks)
+    assert all(isinstance(t["token_id"], int) and isinstance(t["text"], str) for t in toks)
+    assert done["completion_tokens"] == len(toks)
+    assert done["prompt_tokens"] == acc["prompt_tokens"]
+    assert s.text == done["text"]
+    t_ms = [t["t_ms"] for t in toks]
+    assert t_ms == sorted(t_ms)
+    assert done["finish_reason"] in {"stop", "length"}
+    if done["finish_reason"] == "length":
+        assert len(toks) == max_tokens and done["stop_reason"] is None
+    else:
+        assert len(toks) <= max_tokens and done["stop_reason"] is not None
+
+    m = done["metrics"]
+    assert set(m) == {"queue_ms", "ttft_ms", "tpot_ms", "e2e_ms"}
+    assert m["ttft_ms"] == t_ms[0]
+    assert 0 <= m["queue_ms"] <= m["ttft_ms"] <= m["e2e_ms"]
+    if len(toks) > 1:
+        assert m["tpot_ms"] == pytest.approx((t_ms[-1] - t_ms[0]) / (len(toks) - 1), abs=0.01)
+    tl = done["timeline"]
+    assert tl["first_token_ms"] == m["ttft_ms"] and tl["finished_ms"] == m["e2e_ms"]
+    assert 0 <= tl["first_scheduled_ms"] <= tl["first_token_ms"]
+    steps = tl["steps"]
+    assert steps[0]["kind"] == "prefill" and steps[0]["start_ms"] == pytest.approx(tl["first_scheduled_ms"], abs=0.01)
+    assert [st["step"] for st in steps] == sorted(set(st["step"] for st in steps))
+    starts = [st["start_ms"] for st in steps]
+    assert starts == sorted(starts)
+    prefill = [st for st in steps if st["kind"] == "prefill"]
+    decode = [st for st in steps if st["kind"] == "decode"]
+    assert len(prefill) + len(decode) == len(steps)
+    assert sum(st["num_tokens"] for st in prefill) == done["prompt_tokens"] - done["num_cached_tokens"]
+    assert len(decode) == len(toks) - 1 and all(st["num_tokens"] == 1 for st in decode)
+    for st in steps:
+        assert st["duration_ms"] >= 0
+        assert st["batch_seqs"] >= 1 and st["batch_tokens"] >= st["num_tokens"]
+        assert st["start_ms"] + st["duration_ms"] <= tl["finished_ms"] + 0.01
+
+
+# ---- helpers on the server side --------------------------------------------------------------
+def healthz(server) -> dict:
+    with urllib.request.urlopen(server.http + "/healthz", timeout=10) as resp:
+        return json.load(resp)
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def all_blocks_free(server) -> dict:
+    def check():
+        h = healthz(server)
+        return h if (h["kv"]["free_blocks"] == h["kv"]["total_blocks"] and h["running"] == 0
+                     and h["waiting"] == 0) else None
+    return wait_for(check, what="every KV block to be free")
+
+
+@contextmanager
+def engine_paused(server):
+    """Hold the engine loop between steps, so requests sent meanwhile start together."""
+    loop = server.runtime.loop
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(engine):
+        entered.set()
+        gate.wait(60)
+
+    future = loop.call(hold)
+    assert entered.wait(TIMEOUT), "the engine loop did not take the pause"
+    try:
+        yield
+    finally:
+        gate.set()
+        future.result(TIMEOUT)
+
+
+def wait_pending(server, n: int) -> None:
+    """The accepted requests reached the engine loop's queue (accepted is sent just before)."""
+    wait_for(lambda: server.runtime.loop._num_pending == n, what=f"{n} queued requests")
+
+
+@pytest.fixture
+def slow_engine(live_server, monkeypatch):
+    """Each engine step takes 20 ms longer: time to act while a request streams."""
+    engine = live_server.runtime.engine
+    step = engine.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+    monkeypatch.setattr(engine, "step", slow_step)
+    return engine
+
+
+@pytest.fixture
+def ws(live_server):
+    wait_for(lambda: healthz(live_server)["connections"] == 0, what="earlier connections to close")
+    client = WS(live_server.ws)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def connect(live_server):
+    """Open more connections; all are closed at teardown."""
+    opened = []
+
+    def open_one():
+        c = WS(live_server.ws)
+        opened.append(c)
+        return c
+    yield open_one
+    for c in opened:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def reference_llm(tiny_loaded):
+    """The same tiny model run directly by the engine, to compare the socket's tokens with."""
+    return LLM("tiny", loaded=tiny_loaded, num_kv_blocks=256)
+
+
+# ---- hello -----------------------------------------------------------------------------------
+def test_hello_comes_first_and_describes_the_model(live_server, ws):
+    h = ws.hello
+    assert h["type"] == "hello" and h["protocol"] == 1
+    info = live_server.runtime.model_info()
+    assert {k: h[k] for k in info} == info
+    assert set(h) == set(info) | {"type", "protocol"}
+    mc = live_server.runtime.engine.model_config
+    assert h["model"] == "tiny"
+    assert h["num_layers"] == mc.num_layers and h["num_heads"] == mc.num_heads
+    assert h["num_kv_heads"] == mc.num_kv_heads and h["head_dim"] == mc.head_dim
+    assert h["context_window"] == mc.max_position_embeddings == 2048
+    assert h["block_size"] == 16
+    assert h["max_tokens_limit"] == 64 and h["default_max_tokens"] == 16 and h["max_inspect_tokens"] == 64
+    assert ws.quiet(), "the server says hello once, then waits"
+
+
+# ---- generate --------------------------------------------------------------------------------
+def test_generate_with_messages(live_server, ws, reference_llm):
+    s = ws.generate(messages=QUESTION, max_tokens=12)
+    check_stream(s, 12)
+    tokenizer = live_server.runtime.engine.tokenizer
+    prompt_ids = tokenizer.apply_chat_template(QUESTION)
+    assert s.accepted["prompt_tokens"] == len(prompt_ids)
+    assert s.accepted["context_window"] == 2048
+    # The same greedy request run directly on the engine gives the same tokens.
+    ref = reference_llm.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=12))[0]
+    assert s.token_ids == ref.token_ids
+    assert s.done["text"] == ref.text
+    assert s.done["finish_reason"] == ref.finish_reason
+
+
+def test_generate_with_prompt_uses_no_template(live_server, ws, reference_llm):
+    prompt = "Once upon a time"
+    s = ws.generate(prompt=prompt)  # default max_tokens
+    check_stream(s, 16)
+    assert s.accepted["prompt_tokens"] == len(live_server.runtime.engine.tokenizer.encode(prompt))
+    ref = reference_llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=16))[0]
+    assert s.token_ids == ref.token_ids
+
+
+def test_generate_integer_id_is_echoed(ws):
+    s = ws.finish(ws.start(mid=7, prompt="Hello", max_tokens=3))
+    assert s.error is None
+    assert s.accepted["id"] == 7 and s.done["id"] == 7
+    assert all(t["id"] == 7 for t in s.tokens)
+
+
+def test_generate_sampling_fields_are_accepted(ws):
+    s = ws.generate(prompt="The weather today", max_tokens=6, temperature=0.8, top_k=50, top_p=0.9, seed=3)
+    check_stream(s, 6)
+
+
+def test_second_request_reuses_the_prefix_cache(ws):
+    messages = [{"role": "system", "content": "You are a terse assistant who answers in one word."},
+                {"role": "user", "content": "Name a colour of the rainbow, please."}]
+    first = ws.generate(messages=messages, max_tokens=3)
+    again = ws.generate(messages=messages, max_tokens=3)
+    check_stream(first, 3)
+    check_stream(again, 3)
+    cached = again.done["num_cached_tokens"]
+    assert cached > 0 and cached % 16 == 0
+    assert cached <= again.done["prompt_tokens"] - 1
+    assert again.done["timeline"]["steps"][0]["num_tokens"] == again.done["prompt_tokens"] - cached
+    assert again.token_ids == first.token_ids  # the cache changes the work, not the answer
+
+
+def test_stop_strings_end_the_text(ws):
+    prompt = "The cat sat on the mat"
+    plain = ws.generate(prompt=prompt, max_tokens=24)
+    check_stream(plain, 24)
+    text = plain.done["text"]
+    assert len(text) >= 6, "the tiny model should say something"
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    expected = text[: text.find(stop)]
+
+    s = ws.generate(prompt=prompt, max_tokens=24, stop=stop)
+    check_stream(s, 24)
+    assert s.done["finish_reason"] == "stop"
+    assert s.done["stop_reason"] == s.done["stop_reason_text"] == stop
+    assert s.done["text"] == expected == s.text
+    assert stop not in s.text
+
+    listed = ws.generate(prompt=prompt, max_tokens=24, stop=["\u2603never-in-the-text\u2603", stop])
+    assert listed.done["stop_reason"] == stop and listed.done["text"] == expected
+
+    absent = ws.generate(prompt=prompt, max_tokens=24, stop="\u2603never-in-the-text\u2603")
+    assert absent.done["finish_reason"] == "length" and absent.done["text"] == text
+
+
+def test_seed_reproducible_over_the_socket(live_server, ws, connect):
+    fields = {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 3.0}
+    first = ws.generate(seed=1234, **fields)
+    again = ws.generate(seed=1234, **fields)
+    check_stream(first, 10)
+    assert again.token_ids == first.token_ids and again.done["text"] == first.done["text"]
+
+    # The same seed with another request in the same steps samples the same tokens.
+    other = connect()
+    with engine_paused(live_server):
+        a = ws.start(seed=1234, **fields)
+        ws.accepted(a)
+        b = other.start(prompt="A different prompt, a different length", max_tokens=10, temperature=1.0)
+        other.accepted(b)
+        wait_pending(live_server, 2)
+    batched = ws.finish(a, accepted={})
+    other.finish(b, accepted={})
+    assert max(st["batch_seqs"] for st in batched.done["timeline"]["steps"]) >= 2
+    assert batched.token_ids == first.token_ids
+
+    runs = {tuple(ws.generate(seed=seed, **fields).token_ids) for seed in range(4)}
+    assert len(runs) > 1, "different seeds should be able to sample differently"
+
+
+# ---- abort -----------------------------------------------------------------------------------
+def test_abort_mid_stream(live_server, ws, slow_engine):
+    mid = ws.start(prompt="Once upon a time", max_tokens=64)
+    acc = ws.accepted(mid)
+    tokens = [ws.recv_for(mid), ws.recv_for(mid)]
+    assert [t["type"] for t in tokens] == ["token", "token"]
+    ws.send({"type": "abort", "id": mid})
+    s = ws.finish(mid, accepted=acc)
+    s.tokens[:0] = tokens
+    assert s.done["finish_reason"] == "abort" and s.done["stop_reason"] is None
+    assert 2 <= s.done["completion_tokens"] == len(s.tokens) < 64
+    assert [t["index"] for t in s.tokens] == list(range(len(s.tokens)))
+    assert s.text == s.done["text"]
+    m = s.done["metrics"]
+    assert m["ttft_ms"] == tokens[0]["t_ms"] and m["e2e_ms"] >= m["ttft_ms"]
+    all_blocks_free(live_server)
+    assert_works(ws)
+
+
+def test_abort_before_the_first_token(live_server, ws):
+    with engine_paused(live_server):
+        mid = ws.start(prompt="Once upon a time", max_tokens=64)
+        ws.accepted(mid)
+        wait_pending(live_server, 1)
+        ws.send({"type": "abort", "id": mid})
+        time.sleep(0.1)  # the abort reaches the engine's queue behind the request
+    done = ws.recv_for(mid)
+    assert done["type"] == "done" and done["finish_reason"] == "abort"
+    assert done["completion_tokens"] == 0 and done["text"] == ""
+    assert done["metrics"]["ttft_ms"] is None and done["metrics"]["tpot_ms"] is None
+    assert done["timeline"]["first_token_ms"] is None and done["timeline"]["steps"] == []
+    all_blocks_free(live_server)
+    assert_works(ws)
+
+
+def test_abort_of_an_unknown_id(ws):
+    err = ws.error({"type": "abort", "id": "ghost"}, mid="ghost")
+    assert err["code"] == "invalid_request" and err["param"] == "id"
+    s = ws.generate(prompt="Hi", max_tokens=2)
+    err = ws.error({"type": "abort", "id": s.accepted["id"]}, mid=s.accepted["id"])  # already done
+    assert err["param"] == "id"
+    assert_works(ws)
+
+
+def test_duplicate_running_id(live_server, ws):
+    with engine_paused(live_server):
+        ws.start(mid="dup", prompt="Once upon a time", max_tokens=5)
+        acc = ws.accepted("dup")
+        err = ws.error({"type": "generate", "id": "dup", "prompt": "again"}, mid="dup")
+        assert err["code"] == "invalid_request" and err["param"] == "id"
+    s = ws.finish("dup", accepted=acc)
+    check_stream(s, 5)
+    # Once done, the id may be used again.
+    again = ws.generate(mid="dup", prompt="Once upon a time", max_tokens=5)
+    assert again.token_ids == s.token_ids
+
+
+# ---- template --------------------------------------------------------------------------------
+def test_template_matches_the_engine_tokenizer(live_server, ws):
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi there"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "What is 2 + 2?"}]
+    t = ws.call("template", messages=messages)
+    assert t["type"] == "template"
+    tokenizer = live_server.runtime.engine.tokenizer
+    ids = tokenizer.apply_chat_template(messages)
+    assert [tok["id"] for tok in t["tokens"]] == ids
+    assert t["num_tokens"] == len(ids)
+    assert t["text"] == tokenizer.render_template(messages)
+    assert "".join(tok["text"] for tok in t["tokens"]) == t["text"]
+    assert t["context_window"] == 2048
+    kinds = [tok["kind"] for tok in t["tokens"]]
+    assert set(kinds) <= KINDS
+    assert {"content", "wrapper", "special", "generation_prompt"} <= set(kinds)
+    assert kinds[-1] == "generation_prompt"
+    for tok in t["tokens"]:
+        if tok["kind"] == "special":
+            assert tok["id"] in tokenizer.special_ids
+        if tok["kind"] == "content":
+            assert messages[tok["message"]]["role"] == tok["role"]
+    for i, m in enumerate(messages):
+        content = "".join(tok["text"] for tok in t["tokens"] if tok["kind"] == "content" and tok["message"] == i)
+        assert content.strip() == m["content"]
+
+
+def test_template_shows_the_inserted_default_system_prompt(live_server, ws):
+    t = ws.call("template", messages=QUESTION)
+    inserted = [tok for tok in t["tokens"] if tok["kind"] == "inserted"]
+    assert inserted, "SmolLM2's template adds a system message when none is given"
+    assert all(tok["message"] is None for tok in inserted)
+    assert [tok["id"] for tok in t["tokens"]] == live_server.runtime.engine.tokenizer.apply_chat_template(QUESTION)
+
+
+def test_template_errors(ws):
+    err = ws.error({"type": "template", "id": "t"}, mid="t")
+    assert err["param"] == "messages"
+    err = ws.error({"type": "template", "id": "t", "messages": [{"role": "bot", "content": "x"}]}, mid="t")
+    assert err["param"] == "messages[0].role"
+    assert ws.call("template", messages=QUESTION)["type"] == "template"
+
+
+# ---- attention -------------------------------------------------------------------------------
+@pytest.mark.parametrize("layer,head", [(0, 0), (1, 3)])
+def test_attention_weights(live_server, ws, layer, head):
+    text = "The cat sat on the mat because it was warm"
+    a = ws.call("attention", text=text, layer=layer, head=head)
+    assert a["type"] == "attention", a
+    assert a["layer"] == layer and a["head"] == head
+    mc = live_server.runtime.engine.model_config
+    assert a["kv_head"] == head // (mc.num_heads // mc.num_kv_heads)
+    tokenizer = live_server.runtime.engine.tokenizer
+    ids = tokenizer.encode(text)
+    assert a["token_ids"] == ids
+    assert a["tokens"] == tokenizer.token_texts(ids)
+    w = a["weights"]
+    assert len(w) == len(ids) and all(len(row) == len(ids) for row in w)
+    for i, row in enumerate(w):
+        assert all(x == 0 for x in row[i + 1:]), f"row {i} looks ahead"
+        assert sum(1 for x in row if x != 0) <= i + 1
+        assert all(x >= 0 for x in row)
+        assert sum(row) == pytest.approx(1.0, abs=1e-4)
+    assert w[0][0] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"layer": 2, "head": 0}, "layer"),
+    ({"layer": -1, "head": 0}, "layer"),
+    ({"layer": "0", "head": 0}, "layer"),
+    ({"layer": 0, "head": 4}, "head"),
+    ({"layer": 0, "head": 1.0}, "head"),
+    ({"head": 0}, "layer"),
+    ({"layer": 0}, "head"),
+])
+def test_attention_bad_layer_or_head(ws, fields, param):
+    err = ws.error({"type": "attention", "id": "a", "text": "Hello world", **fields}, mid="a")
+    assert err["code"] == "invalid_request" and err["param"] == param
+    assert param in err["message"]
+    assert ws.call("attention", text="Hello world", layer=0, head=0)["type"] == "attention"
+
+
+@pytest.mark.parametrize("text", ["", 5, "1" * 65])
+def test_attention_bad_text(ws, text):
+    err = ws.error({"type": "attention", "id": "a", "text": text, "layer": 0, "head": 0}, mid="a")
+    assert err["code"] == "invalid_request" and err["param"] == "text"
+    assert ws.call("attention", text="1" * 64, layer=0, head=0)["type"] == "attention"  # the limit itself
+
+
+def test_internal_error_leaves_the_connection_working(ws, monkeypatch):
+    from core import inspect
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(inspect, "attention", broken)
+    err = ws.error({"type": "attention", "id": "a", "text": "Hi", "layer": 0, "head": 0}, mid="a")
+    assert err["code"] == "internal_error" and "a bug" not in err["message"]
+    monkeypatch.undo()
+    assert ws.call("attention", text="Hi", layer=0, head=0)["type"] == "attention"
+    assert_works(ws)
+
+
+# ---- errors ----------------------------------------------------------------------------------
+GOOD = {"type": "generate", "prompt": "Hello"}
+
+
+@pytest.mark.parametrize("raw,param", [
+    ("{oops", "message"),
+    ("", "message"),
+    ("[1, 2]", "message"),
+    ('"generate"', "message"),
+    ("null", "message"),
+    (b'{"type": "generate", "id": "b", "prompt": "binary"}', "message"),
+    (json.dumps({"prompt": "Hello"}), "id"),
+    (json.dumps({"type": "generate", "id": 1.5, "prompt": "Hello"}), "id"),
+    (json.dumps({"type": "generate", "id": None, "prompt": "Hello"}), "id"),
+    (json.dumps({"type": "generate", "id": ["x"], "prompt": "Hello"}), "id"),
+    (json.dumps({"type": "generate", "id": {"x": 1}, "prompt": "Hello"}), "id"),
+    (json.dumps({**GOOD, "id": "x", "prompt": "y" * 5000}), "message"),
+])
+def test_unusable_message_is_refused_without_an_id(ws, raw, param):
+    err = ws.error(raw, mid=None)
+    assert err["code"] == "invalid_request" and err["param"] == param and err["id"] is None
+    assert isinstance(err["message"], str) and err["message"]
+    assert_works(ws)
+
+
+@pytest.mark.parametrize("bad_id", ["", "x" * 65, True, False])
+def test_bad_id_is_refused_with_a_null_id(ws, bad_id):
+    """A string out of 1..64 characters or a boolean is no usable id: the error's id is null."""
+    err = ws.error({**GOOD, "id": bad_id}, mid=None)
+    assert err["code"] == "invalid_request" and err["param"] == "id" and err["id"] is None
+    assert "id" in err["message"]
+    assert_works(ws)
+
+
+def test_id_limits(ws):
+    for good_id in ["x" * 64, "é", 0, -3, 2 ** 40]:
+        s = ws.finish(ws.start(mid=good_id, prompt="Hi", max_tokens=1))
+        assert s.error is None and s.done["id"] == good_id
+
+
+@pytest.mark.parametrize("msg,param", [
+    ({"type": "dance", "id": "x"}, "type"),
+    ({"id": "x", "prompt": "Hello"}, "type"),
+    ({"type": 3, "id": "x"}, "type"),
+    ({**GOOD, "id": "x", "temperatur": 0.5}, "temperatur"),
+    ({"type": "abort", "id": "x", "reason": "bored"}, "reason"),
+    ({"type": "template", "id": "x", "messages": QUESTION, "prompt": "Hi"}, "prompt"),
+    ({"type": "generate", "id": "x", "messages": QUESTION, "prompt": "Hi"}, "messages"),
+    ({"type": "generate", "id": "x"}, "messages"),
+    ({"type": "generate", "id": "x", "messages": []}, "messages"),
+    ({"type": "generate", "id": "x", "messages": "Hi"}, "messages"),
+    ({"type": "generate", "id": "x", "messages": [{"role": "user"}]}, "messages[0]"),
+    ({"type": "generate", "id": "x", "messages": [{"role": "user", "content": "a", "name": "b"}]}, "messages[0]"),
+    ({"type": "generate", "id": "x", "messages": [{"role": "robot", "content": "Hi"}]}, "messages[0].role"),
+    ({"type": "generate", "id": "x", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"type": "generate", "id": "x", "prompt": ""}, "prompt"),
+    ({"type": "generate", "id": "x", "prompt": 42}, "prompt"),
+    ({**GOOD, "id": "x", "temperature": -1}, "temperature"),
+    ({**GOOD, "id": "x", "temperature": 101}, "temperature"),
+    ({**GOOD, "id": "x", "temperature": "hot"}, "temperature"),
+    ({**GOOD, "id": "x", "temperature": None}, "temperature"),
+    ({**GOOD, "id": "x", "top_p": 0}, "top_p"),
+    ({**GOOD, "id": "x", "top_p": 1.5}, "top_p"),
+    ({**GOOD, "id": "x", "top_p": True}, "top_p"),
+    ({**GOOD, "id": "x", "top_k": -2}, "top_k"),
+    ({**GOOD, "id": "x", "top_k": 2.5}, "top_k"),
+    ({**GOOD, "id": "x", "seed": -1}, "seed"),
+    ({**GOOD, "id": "x", "seed": "42"}, "seed"),
+    ({**GOOD, "id": "x", "seed": 1.5}, "seed"),
+    ({**GOOD, "id": "x", "stop": 5}, "stop"),
+    ({**GOOD, "id": "x", "stop": ""}, "stop"),
+    ({**GOOD, "id": "x", "stop": [""]}, "stop"),
+    ({**GOOD, "id": "x", "stop": ["ok", 1]}, "stop"),
+    ({**GOOD, "id": "x", "max_tokens": 0}, "max_tokens"),
+    ({**GOOD, "id": "x", "max_tokens": 65}, "max_tokens"),
+    ({**GOOD, "id": "x", "max_tokens": "5"}, "max_tokens"),
+    ({**GOOD, "id": "x", "max_tokens": True}, "max_tokens"),
+    ({**GOOD, "id": "x", "max_tokens": 2.0}, "max_tokens"),
+])
+def test_bad_message_is_refused_naming_the_field(ws, msg, param):
+    err = ws.error(msg, mid="x")
+    assert err == {"type": "error", "id": "x", "code": "invalid_request", "message": err["message"], "param": param}
+    assert param.split("[")[0] in err["message"]
+    assert_works(ws)
+
+
+def test_max_tokens_at_the_limit_is_accepted(ws):
+    s = ws.generate(prompt="Count with me:", max_tokens=64)
+    check_stream(s, 64)
+
+
+def test_message_at_max_message_bytes(ws):
+    """The limit counts UTF-8 bytes of the whole frame: just under is served, just over refused."""
+    head = json.dumps({"type": "template", "id": "big", "messages": [{"role": "user", "content": ""}]})
+    fill = 4096 - len(head.encode())
+    under = json.dumps({"type": "template", "id": "big", "messages": [{"role": "user", "content": "é" * (fill // 2)}]},
+                       ensure_ascii=False)
+    assert len(under.encode()) <= 4096
+    ws.send(under)
+    assert ws.recv_for("big")["type"] == "template"
+    over = under.replace("é", "éé", 1) + " "
+    assert len(over.encode()) > 4096 and len(over) < 4096
+    err = ws.error(over, mid=None)
+    assert err["param"] == "message" and "4096" in err["message"]
+    assert_works(ws)
+
+
+def test_context_length_exceeded(live_server, ws):
+    tokenizer = live_server.runtime.engine.tokenizer
+    window = ws.hello["context_window"]
+    prompt = "1" * (window + 10)  # SmolLM2's tokenizer gives every digit its own token
+    assert len(tokenizer.encode(prompt)) > window
+    err = ws.error({"type": "generate", "id": "long", "prompt": prompt}, mid="long")
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert str(window) in err["message"]
+    exact = "1" * window  # fills the window exactly: no room for one token
+    assert len(tokenizer.encode(exact)) == window
+    err = ws.error({"type": "generate", "id": "long", "prompt": exact}, mid="long")
+    assert err["code"] == "context_length_exceeded"
+    # One token short of the window: one token is generated, then the window ends it.
+    s = ws.generate(prompt="1" * (window - 1), max_tokens=64)
+    assert s.error is None
+    assert s.done["prompt_tokens"] == window - 1
+    assert s.done["completion_tokens"] == 1 and s.done["finish_reason"] == "length"
+    prefill = [st for st in s.done["timeline"]["steps"] if st["kind"] == "prefill"]
+    assert sum(st["num_tokens"] for st in prefill) == window - 1 - s.done["num_cached_tokens"]
+    assert_works(ws)
+
+
+# ---- overloaded ------------------------------------------------------------------------------
+def test_overloaded_per_connection(live_server, ws):
+    with engine_paused(live_server):
+        a = ws.start(prompt="Once upon a time", max_tokens=4)
+        b = ws.start(prompt="Once upon a time", max_tokens=4)
+        acc = {a: ws.accepted(a), b: ws.accepted(b)}
+        err = ws.error({"type": "generate", "id": "third", "prompt": "Hi"}, mid="third")
+        assert err["code"] == "overloaded" and err["param"] == "connection"
+        assert "max_requests_per_connection" in err["message"]
+        # Other kinds of message are not limited.
+        assert ws.call("template", messages=QUESTION)["type"] == "template"
+    for mid in (a, b):
+        check_stream(ws.finish(mid, accepted=acc[mid]), 4)
+    assert_works(ws)
+
+
+def test_overloaded_queue(live_server, ws, connect):
+    other = connect()
+    with engine_paused(live_server):
+        mine = [ws.start(prompt="Once upon a time", max_tokens=4) for _ in range(2)]
+        for mid in mine:
+            ws.accepted(mid)
+        wait_pending(live_server, 2)
+        theirs = other.start(prompt="Once upon a time", max_tokens=4)
+        other.accepted(theirs)
+        wait_pending(live_server, 3)
+        err = other.error({"type": "generate", "id": "fourth", "prompt": "Hi"}, mid="fourth")
+        assert err["code"] == "overloaded" and err["param"] == "queue"
+        for mid in mine:
+            ws.send({"type": "abort", "id": mid})
+    for mid in mine:
+        assert ws.finish(mid, accepted={}).done["finish_reason"] == "abort"
+    assert other.finish(theirs, accepted={}).done["finish_reason"] in {"stop", "length"}
+    assert_works(other)
+    assert_works(ws)
+
+
+def test_overloaded_connections_then_closed(live_server, connect):
+    wait_for(lambda: healthz(live_server)["connections"] == 0, what="earlier connections to close")
+    limit = live_server.app.config["SENDLENS"].max_connections
+    clients = [connect() for _ in range(limit)]
+    assert all(c.hello["type"] == "hello" for c in clients)
+    assert healthz(live_server)["connections"] == limit
+
+    extra = Client.connect(live_server.ws)
+    try:
+        err = json.loads(extra.receive(TIMEOUT))
+        assert err["type"] == "error" and err["code"] == "overloaded" and err["param"] == "connections"
+        assert err["id"] is None and "max_connections" in err["message"]
+        with pytest.raises(ConnectionClosed):
+            extra.receive(TIMEOUT)
+    finally:
+        try:
+            extra.close()
+        except ConnectionClosed:
+            pass
+    assert healthz(live_server)["connections"] == limit
+
+    # The others are unaffected, and a freed place can be taken.
+    assert_works(clients[0])
+    clients.pop().close()
+    wait_for(lambda: healthz(live_server)["connections"] == limit - 1, what="the connection count to drop")
+    newcomer = connect()
+    assert newcomer.hello["type"] == "hello"
+    assert_works(newcomer)
+
+
+# ---- the one engine --------------------------------------------------------------------------
+def test_two_clients_share_engine_steps(live_server, ws, connect):
+    other = connect()
+    engine = live_server.runtime.engine
+    first_step = engine.num_steps
+    with engine_paused(live_server):
+        a = ws.start(messages=QUESTION, max_tokens=8)
+        ws.accepted(a)
+        b = other.start(prompt="Once upon a time there was a", max_tokens=8)
+        other.accepted(b)
+        wait_pending(live_server, 2)
+    sa, sb = ws.finish(a, accepted={}), other.finish(b, accepted={})
+    assert sa.done["finish_reason"] != "abort" and sb.done["finish_reason"] != "abort"
+    shared_a = {st["step"] for st in sa.done["timeline"]["steps"] if st["batch_seqs"] >= 2}
+    shared_b = {st["step"] for st in sb.done["timeline"]["steps"] if st["batch_seqs"] >= 2}
+    assert shared_a and shared_a == shared_b
+    for st in sa.done["timeline"]["steps"]:
+        if st["step"] in shared_a:
+            assert st["batch_tokens"] > st["num_tokens"]
+
+    rows = [r for r in list(engine.trace) if r.step >= first_step]
+    requests = {w.request_id for r in rows for w in r.slots if w is not None}
+    assert len(requests) == 2, "only these two requests ran"
+    together = [r for r in rows
+                if {w.request_id for w in r.slots if w is not None and w.kind != "idle"} == requests]
+    assert together, "a step whose slots hold both requests"
+    assert {r.step for r in together} == shared_a
+
+
+def test_closing_the_socket_aborts_its_requests(live_server, connect, slow_engine):
+    engine = live_server.runtime.engine
+    first_step = engine.num_steps
+    c = connect()
+    mids = [c.start(prompt="Once upon a time", max_tokens=64),
+            c.start(messages=QUESTION, max_tokens=64)]
+    for mid in mids:
+        c.accepted(mid)
+        assert c.recv_for(mid)["type"] == "token"
+    assert healthz(live_server)["running"] == 2
+    c.close()
+    all_blocks_free(live_server)
+    rows = [r for r in list(engine.trace) if r.step >= first_step]
+    produced = {}
+    for r in rows:
+        for w in r.slots:
+            if w is not None and w.output_index is not None:
+                produced[w.request_id] = max(produced.get(w.request_id, 0), w.output_index)
+        assert not r.finished, "no request ran to its end"
+    assert len(produced) == 2 and all(n < 64 for n in produced.values())
+    wait_for(lambda: healthz(live_server)["connections"] == 0, what="the connection to close")
+
+
+def test_zz_every_kv_block_is_free_at_the_end(live_server):
+    h = all_blocks_free(live_server)
+    assert h["status"] == "ok"
+    engine = live_server.runtime.engine
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
