@@ -18,7 +18,9 @@ logits alone and in a batch. MKL's sgemm computes rows in panels of MIN_GEMM_ROW
 panel (fewer rows, or the last rows of a small matrix when threads split the rows) goes to
 another kernel. So every matmul here and in model.py is padded to a whole number of panels; then
 each row's result is the same whatever else is in the batch (tests/test_attention.py checks it
-bit for bit). This is why a batched request gives exactly the tokens it gives alone.
+bit for bit). Likewise the score matmul and the softmax take another kernel for very few keys,
+so a sequence group reads at least MIN_KEYS key slots (the extra ones masked). This is why a
+batched request gives exactly the tokens it gives alone.
 """
 
 import math
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 MIN_GEMM_ROWS = 4  # MKL sgemm's row panel: a partial one switches kernels (and rounding)
+MIN_KEYS = 16      # fewer keys than this switch the score matmul's and the softmax's kernels
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -121,7 +124,7 @@ def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:
     """seqs: list of (first packed index, num_query_tokens, first position, block_table)."""
     S = len(seqs)
     Q = -(-max(n for _, n, _, _ in seqs) // min_rows) * min_rows
-    nb = max(len(table) for _, _, _, table in seqs)
+    nb = max(-(-MIN_KEYS // block_size), max(len(table) for _, _, _, table in seqs))
     rows = torch.arange(Q)
     token_index = torch.empty(S, Q, dtype=torch.long)
     query_pos = torch.empty(S, Q, dtype=torch.long)

@@ -80,8 +80,8 @@ def server(artifacts_dir):
 
 @pytest.fixture(scope="session")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
+    if not CHROMIUM.exists():  # `make test` installs it; a missing browser must not pass quietly
+        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium package (make test does)")
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()

@@ -1,0 +1,241 @@
+"""attention.py: the batch-invariant linear, grouped-query attention, the paged KV cache, and the
+property the engine rests on: a sequence's logits are bit-identical whatever else is in the
+step (other sequences of other lengths, decodes beside prefill chunks, a prompt cut in chunks).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core import SamplingParams
+from core.attention import (MIN_GEMM_ROWS, MIN_KEYS, KVCache, PagedBatch, attend, build_group, causal_attention,
+                            linear, min_query_rows, paged_attention)
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    """Run under a given number of torch threads (MKL splits rows differently), then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+# -- linear ------------------------------------------------------------------------------------
+
+def test_linear_computes_x_wt():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 32, generator=g)
+    for n in (1, 3, 4, 7, 33):
+        x = torch.randn(n, 32, generator=g)
+        y = linear(x, w)
+        assert y.shape == (n, 48)
+        assert torch.allclose(y, x @ w.T, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(64, 192), (576, 1728), (1536, 576)])
+def test_linear_rows_are_batch_invariant(threads, shape):
+    cols, out = shape
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(out, cols, generator=g)
+    x = torch.randn(70, cols, generator=g)
+    full = linear(x, w)
+    for n in range(1, 70):
+        assert torch.equal(linear(x[:n], w), full[:n]), f"{n} rows"
+        assert torch.equal(linear(x[n - 1:n], w)[0], full[n - 1]), f"row {n - 1} alone"
+
+
+def test_min_query_rows_fills_whole_panels():
+    for heads, kv_heads in [(9, 3), (4, 2), (8, 8), (8, 1), (12, 4), (6, 2), (32, 8)]:
+        rows = min_query_rows(heads, kv_heads)
+        group = heads // kv_heads
+        assert rows >= 1
+        assert (group * rows) % MIN_GEMM_ROWS == 0
+
+
+def test_build_group_pads_queries_and_masks_causally():
+    bs = 4
+    # sequence 0: 3 new tokens at positions 5..7 (packed at 0..2); sequence 1: 1 token at 2 (packed 3)
+    group = build_group([(0, 3, 5, [7, 2]), (3, 1, 2, [4])], bs, min_rows=4)
+    assert group.token_index.shape == (2, 4)
+    assert group.query_mask.tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert group.token_index[0, :3].tolist() == [0, 1, 2] and group.token_index[1, 0] == 3
+    K = group.mask.shape[-1]
+    assert K >= MIN_KEYS and K % bs == 0                  # at least MIN_KEYS key slots
+    assert group.block_tables.shape == (2, K // bs)
+    assert group.block_tables[:, :2].tolist() == [[7, 2], [4, 0]]
+    assert torch.all(group.block_tables[:, 2:] == 0)     # padding points at block 0 ...
+    assert group.mask[0, 0].tolist() == [k <= 5 for k in range(K)]
+    assert group.mask[0, 2].tolist() == [k <= 7 for k in range(K)]
+    assert group.mask[1, 0].tolist() == [k <= 2 for k in range(K)]   # ... and is never attended
+    wide = build_group([(0, 1, 40, list(range(11)))], bs, min_rows=2)
+    assert wide.block_tables.shape == (1, 11) and wide.token_index.shape == (1, 2)
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+def reference_attention(q, k, v):
+    """torch's scaled_dot_product_attention with K and V repeated per query group."""
+    G = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(G, dim=1)
+    v = v.repeat_interleave(G, dim=1)
+    y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+    return y.transpose(0, 1)
+
+
+def test_causal_attention_matches_sdpa():
+    g = torch.Generator().manual_seed(2)
+    T, H, Hkv, D = 11, 6, 2, 16
+    q, k, v = torch.randn(T, H, D, generator=g), torch.randn(T, Hkv, D, generator=g), torch.randn(T, Hkv, D, generator=g)
+    y, weights = causal_attention(q, k, v)
+    assert y.shape == (T, H, D) and weights.shape == (H, T, T)
+    assert torch.allclose(y, reference_attention(q, k, v), atol=1e-5)
+    assert torch.allclose(weights.sum(-1), torch.ones(H, T), atol=1e-6)
+    assert torch.all(weights.triu(diagonal=1) == 0)
+    # head h reads KV head h // (H // Hkv): its first row attends only to token 0, weight 1
+    assert torch.all(weights[:, 0, 0] == 1)
+    scores = (q[:, 0] @ k[:, 0].T) / math.sqrt(D)
+    expected = torch.softmax(scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), -1)
+    assert torch.allclose(weights[0], expected, atol=1e-6)
+
+
+def test_attend_masks_whole_rows_per_sequence():
+    g = torch.Generator().manual_seed(3)
+    S, Q, H, Hkv, D, K = 2, 3, 4, 2, 8, 5
+    q, k, v = torch.randn(S, Q, H, D, generator=g), torch.randn(S, K, Hkv, D, generator=g), torch.randn(S, K, Hkv, D, generator=g)
+    mask = torch.zeros(S, Q, K, dtype=torch.bool)
+    mask[:, :, 0] = True                     # every query sees only key 0: y = v[0] of its KV head
+    y, probs = attend(q, k, v, mask)
+    assert torch.allclose(probs[..., 0], torch.ones(S, H, Q))
+    for h in range(H):
+        assert torch.allclose(y[:, :, h], v[:, 0, h // (H // Hkv)][:, None].expand(S, Q, D))
+
+
+def test_paged_attention_matches_contiguous_attention():
+    """Two sequences in scattered blocks, prefilled in chunks and decoded, against plain causal
+    attention over each whole sequence."""
+    g = torch.Generator().manual_seed(4)
+    H, Hkv, D, bs = 4, 2, 8, 4
+    cache = KVCache(1, 8, bs, Hkv, D)
+    lens = [10, 6]
+    tables = [[5, 1, 7], [2, 6]]
+    qs = [torch.randn(n, H, D, generator=g) for n in lens]
+    ks = [torch.randn(n, Hkv, D, generator=g) for n in lens]
+    vs = [torch.randn(n, Hkv, D, generator=g) for n in lens]
+    outputs = [[], []]
+
+    def step(chunks):  # chunks: (seq, start, n)
+        ids, groups_in = [], {"decode": [], "prefill": []}
+        t = 0
+        for s, start, n in chunks:
+            pos = torch.arange(start, start + n)
+            ids.append(torch.tensor(tables[s])[pos // bs] * bs + pos % bs)
+            groups_in["decode" if n == 1 else "prefill"].append((t, n, start, tables[s]))
+            t += n
+        batch = PagedBatch(cache, torch.cat(ids), [build_group(v, bs, 2) for v in groups_in.values() if v])
+        q = torch.cat([qs[s][a:a + n] for s, a, n in chunks])
+        k = torch.cat([ks[s][a:a + n] for s, a, n in chunks])
+        v = torch.cat([vs[s][a:a + n] for s, a, n in chunks])
+        y = paged_attention(q, k, v, 0, batch)
+        t = 0
+        for s, _, n in chunks:
+            outputs[s].append(y[t:t + n])
+            t += n
+
+    step([(0, 0, 7), (1, 0, 3)])
+    step([(0, 7, 2), (1, 3, 3)])
+    step([(0, 9, 1)])
+    for s in range(2):
+        got = torch.cat(outputs[s])
+        assert torch.allclose(got, reference_attention(qs[s], ks[s], vs[s]), atol=1e-5)
+        flat_k = cache.k[0][tables[s]].flatten(0, 1)[: lens[s]]
+        assert torch.equal(flat_k, ks[s])     # each token's K sits in its sequence's blocks
+
+
+# -- batch invariance through the whole model -----------------------------------------------------
+
+def run_step(engine, work):
+    """One forward over [(seq, n tokens)], as LLMEngine.step does it; -> {request_id: logits}."""
+    for seq, n in work:
+        engine.block_manager.allocate(seq, n)
+    step = engine.runner.prepare(work)
+    logits = engine.runner.run(step)
+    for seq, n in work:
+        seq.num_computed_tokens += n
+    return {s.request_id: row for s, row in zip(step.sample_seqs, logits)}
+
+
+def invariance_cases(engine, target_ids):
+    """The logits after target_ids, computed in several ways. The last token of target_ids is
+    computed by a decode in some cases and inside a prefill chunk in others."""
+    vocab = engine.model_config.vocab_size
+    g = torch.Generator().manual_seed(5)
+
+    def seq(ids, rid):
+        return engine.make_sequence(list(ids), SamplingParams(temperature=0.0), request_id=rid)
+
+    def other(n, rid):
+        return seq(torch.randint(3, vocab, (n,), generator=g).tolist(), rid)
+
+    L = len(target_ids)
+    results = {}
+
+    # 1. the whole prompt alone, one chunk
+    t = seq(target_ids, "t1")
+    results["alone, one chunk"] = run_step(engine, [(t, L)])["t1"]
+
+    # 2. prompt minus one alone, then a decode alone
+    t = seq(target_ids[:-1], "t2")
+    run_step(engine, [(t, L - 1)])
+    t.token_ids.append(target_ids[-1])
+    results["alone, decode"] = run_step(engine, [(t, 1)])["t2"]
+
+    # 3. packed with a longer and a shorter prompt, all prefilled in one step
+    t = seq(target_ids, "t3")
+    results["packed prefill"] = run_step(engine, [(other(L + 9, "o1"), L + 9), (t, L), (other(3, "o2"), 3)])["t3"]
+
+    # 4. chunks of 5 beside other prefill chunks, then a decode beside other decodes and a chunk
+    t = seq(target_ids[:-1], "t4")
+    o3, o4, o5 = other(3 * L, "o3"), other(2, "o4"), other(L + 5, "o5")
+    run_step(engine, [(o4, 2)])
+    o4.token_ids.append(7)
+    done = 0
+    while done < L - 1:
+        n = min(5, L - 1 - done)
+        run_step(engine, [(o3, 6), (t, n), (o4, 1)])
+        o4.token_ids.append(7)
+        done += n
+    t.token_ids.append(target_ids[-1])
+    results["chunks, then decode in a mixed step"] = run_step(engine, [(o5, 8), (o4, 1), (t, 1), (o3, 4)])["t4"]
+    o4.token_ids.append(7)
+
+    # 5. the last token inside a prefill chunk that begins mid-prompt, beside a decode
+    t = seq(target_ids, "t5")
+    run_step(engine, [(t, L - 4)])
+    results["last chunk beside a decode"] = run_step(engine, [(o4, 1), (t, 4)])["t5"]
+    return results
+
+
+def assert_bit_identical(results):
+    names = list(results)
+    first = results[names[0]]
+    for name in names[1:]:
+        diff = (results[name] - first).abs().max().item()
+        assert torch.equal(results[name], first), f"{name!r} differs from {names[0]!r} by {diff:.3g}"
+
+
+def test_logits_are_bit_identical_in_any_batch_tiny(make_tiny_engine, threads):
+    engine = make_tiny_engine(block_size=4, enable_prefix_caching=False)
+    target = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
+    assert len(target) > 10
+    assert_bit_identical(invariance_cases(engine, target))
+
+
+@pytest.mark.real_model
+def test_logits_are_bit_identical_in_any_batch_smollm(make_smollm):
+    engine = make_smollm(block_size=4, enable_prefix_caching=False).engine
+    target = engine.tokenizer.encode("Paged attention keeps the keys and values of every request in blocks.")
+    assert len(target) > 10
+    assert_bit_identical(invariance_cases(engine, target))

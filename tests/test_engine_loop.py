@@ -1,0 +1,161 @@
+"""EngineLoop: the engine on a background thread, fed from many threads (tiny model)."""
+
+import threading
+
+import pytest
+
+from core import EngineLoop, EngineOverloaded, InvalidParameter, SamplingParams
+
+TIMEOUT = 60
+
+
+def long_params(n=40) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture
+def make_loop(make_tiny_engine):
+    loops = []
+
+    def make(max_queue=1024, start=True, **settings):
+        loop = EngineLoop(make_tiny_engine(**settings), max_queue=max_queue)
+        loops.append(loop)
+        return loop.start() if start else loop
+    yield make
+    for loop in loops:
+        loop.shutdown()
+
+
+def test_two_threads_submit_and_share_steps(make_loop, assert_pool_clean):
+    loop = make_loop()
+    barrier = threading.Barrier(2)
+    results, errors = {}, []
+
+    def client(name, prompt):
+        try:
+            barrier.wait(TIMEOUT)
+            stream = loop.submit(prompt, long_params(100))
+            outputs = list(stream)
+            results[name] = (stream.request_id, outputs)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(n, p)) for n, p in (("a", "Once upon a time"),
+                                                                         ("b", "The weather today"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not errors
+    assert set(results) == {"a", "b"}
+    ids = {results[n][0] for n in results}
+    assert len(ids) == 2
+    for rid, outputs in results.values():
+        final = outputs[-1]
+        assert final.finished and final.finish_reason == "length" and final.request_id == rid
+        assert len(final.token_ids) == 100
+        assert [t for o in outputs for t in o.new_token_ids] == final.token_ids
+        assert "".join(o.new_text for o in outputs) == final.text
+        assert all(not o.finished for o in outputs[:-1])
+    trace = loop.call(lambda engine: list(engine.trace)).result(TIMEOUT)
+    shared = [row for row in trace if ids <= {w.request_id for w in row.slots if w is not None}]
+    assert shared, "the two requests never ran in the same step"
+    loop.call(assert_pool_clean).result(TIMEOUT)
+
+
+def test_the_same_tokens_as_the_engine_alone(make_loop, make_tiny_engine):
+    engine = make_tiny_engine()
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    seq = engine.add_request("The weather today", params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    loop = make_loop()
+    out = loop.submit("The weather today", params).result(TIMEOUT)
+    assert out.token_ids == seq.output_token_ids
+
+
+def test_call_runs_on_the_loop_thread(make_loop):
+    loop = make_loop()
+    caller = threading.current_thread().name
+    name = loop.call(lambda engine: threading.current_thread().name).result(TIMEOUT)
+    assert name == "sendlens-engine" != caller
+    assert loop.call(lambda engine: engine.kv_stats()["block_size"]).result(TIMEOUT) == 16
+
+    def boom(engine):
+        raise KeyError("inside")
+    with pytest.raises(KeyError):
+        loop.call(boom).result(TIMEOUT)
+    assert loop.alive
+
+
+def test_a_listener_that_raises_does_not_stop_the_loop(make_loop, caplog):
+    loop = make_loop()
+    calls = []
+
+    def bad_listener(output):
+        calls.append(output)
+        raise RuntimeError("listener bug")
+
+    loop.submit("Hello", SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), listener=bad_listener)
+    out = loop.submit("Good morning", SamplingParams(temperature=0.0, max_tokens=5)).result(TIMEOUT)
+    assert out.finished
+    loop.call(lambda engine: None).result(TIMEOUT)   # the loop still takes commands
+    assert loop.alive
+    assert calls and calls[-1].finished and len(calls[-1].token_ids) == 5   # kept getting outputs
+    assert any("listener" in r.getMessage() for r in caplog.records)
+
+
+def test_invalid_input_raises_in_the_callers_thread(make_loop):
+    loop = make_loop()
+    with pytest.raises(InvalidParameter) as exc:
+        loop.submit("", SamplingParams())
+    assert exc.value.param == "prompt"
+    with pytest.raises(InvalidParameter) as exc:
+        loop.submit([1, 2, 10**7])
+    assert exc.value.param == "prompt"
+    with pytest.raises(InvalidParameter) as exc:
+        loop.submit("Hi", SamplingParams(max_tokens=0))
+    assert exc.value.param == "max_tokens"
+    assert loop.call(lambda engine: engine.has_unfinished_requests()).result(TIMEOUT) is False
+
+
+def test_overloaded_when_the_queue_is_full(make_loop):
+    loop = make_loop(max_queue=2, start=False)   # not started: submissions stay pending
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    first, second = loop.submit("one", params), loop.submit("two", params)
+    with pytest.raises(EngineOverloaded) as exc:
+        loop.submit("three", params)
+    assert exc.value.code == "overloaded" and exc.value.param == "queue"
+    loop.start()
+    assert first.result(TIMEOUT).finished and second.result(TIMEOUT).finished
+    assert loop.submit("four", params).result(TIMEOUT).finished   # room again
+
+
+def test_abort_mid_stream_frees_the_blocks(make_loop, assert_pool_clean):
+    loop = make_loop()
+    stream = loop.submit("Once upon a time", long_params(500))
+    other = loop.submit("The weather today", long_params(20))
+    outputs = []
+    for output in stream:
+        outputs.append(output)
+        if len(outputs) == 3:
+            loop.abort(stream.request_id)
+    final = outputs[-1]
+    assert final.finished and final.finish_reason == "abort"
+    assert 3 <= len(final.token_ids) < 500
+    assert other.result(TIMEOUT).finish_reason == "length"
+    loop.call(assert_pool_clean).result(TIMEOUT)
+    loop.abort("no-such-request")                     # harmless
+    assert loop.call(lambda engine: engine.kv_stats()["used_blocks"]).result(TIMEOUT) == 0
+
+
+def test_shutdown_aborts_what_is_running(make_loop, assert_pool_clean):
+    loop = make_loop()
+    stream = loop.submit("Once upon a time", long_params(1000))
+    first = next(iter(stream))
+    assert not first.finished
+    loop.shutdown()
+    assert not loop.alive
+    final = stream.result(TIMEOUT)
+    assert final.finished and final.finish_reason == "abort"
+    assert_pool_clean(loop.engine)

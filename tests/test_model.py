@@ -1,0 +1,131 @@
+"""The Transformer's parts against their definitions, and the whole model's basic contracts
+(on the tiny model; parity with transformers on the real one is in test_parity.py)."""
+
+import math
+
+import pytest
+import torch
+
+from core.model import Probe, RMSNorm, Rotary, Transformer
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_loaded):
+    return Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_loaded):
+    out = tiny_loaded.tokenizer.encode("A model reads tokens, and every position predicts the next one.")
+    assert len(out) >= 12
+    return out
+
+
+def test_rmsnorm_is_x_over_rms_times_weight():
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(8, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8, generator=g))
+    x = torch.randn(5, 8, generator=g) * 3
+    expected = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    assert torch.allclose(norm(x), expected, atol=1e-6)
+    assert torch.allclose(norm(x), torch.nn.functional.rms_norm(x, (8,), norm.weight, eps=1e-5), atol=1e-6)
+
+
+def test_rotary_rotates_pairs_of_half_dimensions():
+    D, theta = 8, 10000.0
+    rot = Rotary(D, theta, max_positions=64)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 2, D, generator=g)
+    pos = torch.tensor([0, 1, 2, 7, 30, 63])
+    y = rot(x, pos)
+    assert torch.allclose(y[0], x[0])                                  # position 0: identity
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)   # a rotation keeps norms
+    # dimension i pairs with i + D/2 and turns by pos * theta^(-2i/D)
+    i, p = 1, 7
+    angle = p * theta ** (-2 * i / D)
+    a, b = x[3, :, i], x[3, :, i + D // 2]
+    assert torch.allclose(y[3, :, i], a * math.cos(angle) - b * math.sin(angle), atol=1e-5)
+    assert torch.allclose(y[3, :, i + D // 2], b * math.cos(angle) + a * math.sin(angle), atol=1e-5)
+
+
+def test_rotary_scores_depend_on_relative_position():
+    D = 16
+    rot = Rotary(D, 10000.0, max_positions=128)
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(1, 1, D, generator=g), torch.randn(1, 1, D, generator=g)
+
+    def score(m, n):
+        return (rot(q, torch.tensor([m])) * rot(k, torch.tensor([n]))).sum()
+    assert torch.allclose(score(10, 3), score(57, 50), atol=1e-4)
+    assert torch.allclose(score(5, 5), (q * k).sum(), atol=1e-5)
+
+
+def test_from_state_dict_adopts_the_tensors(tiny_loaded, tiny_model):
+    sd = tiny_loaded.state_dict
+    assert tiny_model.embed_tokens.weight.data_ptr() == sd["embed_tokens.weight"].data_ptr()
+    assert not any(p.requires_grad for p in tiny_model.parameters())
+    assert not tiny_model.training
+    assert set(tiny_model.state_dict()) == set(sd)
+
+
+def test_from_state_dict_is_strict(tiny_loaded):
+    sd = dict(tiny_loaded.state_dict)
+    del sd["norm.weight"]
+    with pytest.raises(RuntimeError):
+        Transformer.from_state_dict(tiny_loaded.config, sd)
+
+
+def test_score_shape_and_causality(tiny_model, ids):
+    cfg = tiny_model.config
+    full = tiny_model.score(ids)
+    assert full.shape == (len(ids), cfg.vocab_size) and full.dtype == torch.float32
+    assert torch.isfinite(full).all()
+    prefix = tiny_model.score(ids[:5])
+    assert torch.allclose(prefix, full[:5], atol=1e-4)          # later tokens do not leak back
+    changed = tiny_model.score(ids[:5] + [ids[6]] + ids[6:])
+    assert torch.allclose(changed[:5], full[:5], atol=1e-4)
+    assert not torch.allclose(changed[5], full[5], atol=1e-4)
+
+
+def test_tied_lm_head(tiny_model, ids):
+    hidden = tiny_model(torch.tensor(ids), torch.arange(len(ids)))
+    assert hidden.shape == (len(ids), tiny_model.config.hidden_size)
+    logits = tiny_model.logits(hidden)
+    assert torch.allclose(logits, hidden @ tiny_model.embed_tokens.weight.T, atol=1e-4)
+
+
+def test_probe_records_attention_and_layer_stats(tiny_model, ids):
+    cfg = tiny_model.config
+    T = len(ids)
+    probe = Probe(attention_layers={1}, layer_stats=True, qk_layers={0})
+    logits = tiny_model.score(ids, probe=probe)
+    assert torch.equal(logits, tiny_model.score(ids))            # probing changes nothing
+    assert set(probe.attention) == {1}
+    w = probe.attention[1]
+    assert w.shape == (cfg.num_heads, T, T)
+    assert torch.allclose(w.sum(-1), torch.ones(cfg.num_heads, T), atol=1e-5)
+    assert torch.all(w.triu(diagonal=1) == 0)
+    assert set(probe.qk) == {0}
+    q, k = probe.qk[0]
+    assert q.shape == (T, cfg.num_heads, cfg.head_dim) and k.shape == (T, cfg.num_kv_heads, cfg.head_dim)
+    assert len(probe.stats) == cfg.num_layers
+    for layer in probe.stats:
+        assert set(layer) >= {"attention_entropy", "attention_update", "mlp_update", "residual"}
+        assert layer["attention_entropy"].shape == (cfg.num_heads, T)
+        assert layer["residual"].shape == (T,)
+        assert torch.all(layer["attention_entropy"] >= 0)
+        assert torch.all(layer["attention_entropy"][:, 0].abs() < 1e-5)   # token 0 sees only itself
+
+
+def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
+    """The engine's path (packed batch, paged KV cache) against the plain causal one."""
+    from core import SamplingParams
+
+    engine = make_tiny_engine()
+    seq = engine.make_sequence(ids, SamplingParams(temperature=0.0))
+    engine.block_manager.allocate(seq, len(ids))
+    step = engine.runner.prepare([(seq, len(ids))])
+    with torch.inference_mode():
+        paged = engine.model.logits(engine.model(step.input_ids, step.positions, step.batch))
+    assert torch.allclose(paged, tiny_model.score(ids), atol=1e-4)

@@ -1,0 +1,232 @@
+"""The sampler on hand-made logits (filters, greedy, candidates, seeds), then seeded requests
+through the engine (tiny model: at temperature 4 its tokens vary enough to tell seeds apart)."""
+
+import math
+
+import pytest
+import torch
+
+from core import SamplingParams
+from core.sampler import Sampler, filter_logits
+
+
+def one_row(logits):
+    return torch.tensor([logits], dtype=torch.float32)
+
+
+def kept(filtered) -> set[int]:
+    return set(torch.isfinite(filtered[0]).nonzero().flatten().tolist())
+
+
+def filt(logits, temperature=1.0, top_k=0, top_p=1.0):
+    return filter_logits(logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))
+
+
+# Probabilities that are exact in binary, placed out of order so sorting matters.
+PROBS = {3: 0.5, 0: 0.25, 4: 0.125, 1: 0.0625, 2: 0.0625}
+LOGITS = one_row([math.log(PROBS[i]) for i in range(5)])
+
+
+# -- filters -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 5, 17, 99])
+def test_top_k_keeps_exactly_k(k):
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randn(1, 100, generator=g)
+    out = filt(logits, top_k=k)
+    assert kept(out) == set(logits[0].topk(k).indices.tolist())
+    assert len(kept(out)) == k
+    finite = torch.isfinite(out)
+    assert torch.equal(out[finite], logits[finite])          # kept logits are untouched
+    assert torch.all(out[~finite] == float("-inf"))
+
+
+def test_top_k_off():
+    logits = torch.randn(1, 50)
+    assert torch.equal(filt(logits, top_k=0), logits)
+    assert len(kept(filt(logits, top_k=50))) == 50
+    assert len(kept(filt(logits, top_k=1000))) == 50
+
+
+@pytest.mark.parametrize("p, expected", [
+    (1e-6, {3}),               # the most likely token is always kept
+    (0.49, {3}),
+    (0.5, {3}),                # 0.5 alone reaches p exactly
+    (0.51, {3, 0}),
+    (0.75, {3, 0}),            # 0.5 + 0.25 reaches it exactly
+    (0.76, {3, 0, 4}),
+    (0.875, {3, 0, 4}),
+    (0.9, {3, 0, 4, 1, 2}),    # 1 and 2 tie at 0.0625: a tie at the edge keeps one of them ...
+    (1.0, {0, 1, 2, 3, 4}),
+])
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    got = kept(filt(LOGITS, top_p=p))
+    if p == 0.9:               # ... exactly one of the tied pair (4 tokens reach 0.9375)
+        assert len(got) == 4 and {3, 0, 4} < got and got <= expected
+    else:
+        assert got == expected
+
+
+def test_top_p_applies_after_top_k_and_temperature():
+    # top-k 2 leaves 0.5 and 0.25, renormalised to 2/3 and 1/3
+    assert kept(filt(LOGITS, top_k=2, top_p=0.6)) == {3}
+    assert kept(filt(LOGITS, top_k=2, top_p=0.7)) == {3, 0}
+    assert kept(filt(LOGITS, top_k=2, top_p=1.0)) == {3, 0}
+    # temperature 0.5 squares the probabilities: 0.25, 0.0625, ... renormalised -> 0.25/0.3359 = 0.744
+    assert kept(filt(LOGITS, temperature=0.5, top_p=0.74)) == {3}
+    assert kept(filt(LOGITS, temperature=0.5, top_p=0.75)) == {3, 0}
+    # a high temperature flattens: more tokens are needed to reach the same p
+    assert len(kept(filt(LOGITS, temperature=10.0, top_p=0.75))) == 4
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.randn(1, 20)
+    for t in (0.3, 1.0, 2.5):
+        out = filt(logits, temperature=t)
+        assert torch.allclose(out, logits / t)
+        assert torch.allclose(out.softmax(-1), torch.softmax(logits / t, -1))
+
+
+def test_per_row_parameters():
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 64, generator=g)
+    out = filter_logits(logits, torch.tensor([1.0, 0.5, 2.0]), torch.tensor([5, 0, 10]),
+                        torch.tensor([1.0, 0.9, 1.0]))
+    assert torch.isfinite(out[0]).sum() == 5
+    assert torch.isfinite(out[2]).sum() == 10
+    probs = torch.softmax(logits[1] / 0.5, -1).sort(descending=True).values
+    need = int((probs.cumsum(0) < 0.9).sum()) + 1            # smallest prefix reaching 0.9
+    assert torch.isfinite(out[1]).sum() == need
+
+
+# -- the sampler -------------------------------------------------------------------------------
+
+def test_temperature_zero_is_argmax():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 300, generator=g)
+    params = [SamplingParams(temperature=0.0, top_k=3, top_p=0.5)] * 6
+    tokens, cands = Sampler()(logits, params, [None] * 6)
+    assert tokens == logits.argmax(-1).tolist()
+    assert cands == [None] * 6
+
+
+def test_top_k_one_is_argmax_at_any_temperature():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(8, 100, generator=g)
+    gens = [torch.Generator().manual_seed(i) for i in range(8)]
+    tokens, _ = Sampler()(logits, [SamplingParams(temperature=5.0, top_k=1)] * 8, gens)
+    assert tokens == logits.argmax(-1).tolist()
+
+
+def test_sampling_follows_the_filtered_distribution():
+    n = 6000
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.08, 0.02]])).expand(n, 4).contiguous()
+    gen = torch.Generator().manual_seed(11)
+    tokens, _ = Sampler()(logits, [SamplingParams(temperature=1.0)] * n, [gen] * n)
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
+    assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.08, 0.02]), atol=0.025)
+    tokens, _ = Sampler()(logits, [SamplingParams(temperature=1.0, top_k=2)] * n, [gen] * n)
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
+    assert freq[2] == 0 and freq[3] == 0                        # filtered out: never drawn
+    assert abs(freq[0].item() - 2 / 3) < 0.025                  # renormalised 0.6 / 0.9
+
+
+def test_same_seed_same_draws():
+    logits = torch.randn(1, 1000)
+    params = [SamplingParams(temperature=1.0, seed=5)]
+
+    def draws(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [Sampler()(logits, params, [gen])[0][0] for _ in range(30)]
+    assert draws(5) == draws(5)
+    assert draws(5) != draws(6)
+
+
+def test_mixed_greedy_and_sampled_rows():
+    logits = torch.randn(3, 50)
+    gen = torch.Generator().manual_seed(0)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=0.0)]
+    tokens, _ = Sampler()(logits, params, [None, gen, None])
+    assert tokens == logits.argmax(-1).tolist()
+
+
+def test_candidates_before_and_after_filters():
+    logits = LOGITS.clone()
+    gen = torch.Generator().manual_seed(0)
+    params = [SamplingParams(temperature=1.0, top_k=2, top_candidates=4)]
+    tokens, cands = Sampler()(logits, params, [gen])
+    (row,) = cands
+    assert [c.token_id for c in row] == [3, 0, 4, 1] or [c.token_id for c in row] == [3, 0, 4, 2]
+    for c in row:
+        assert c.prob == pytest.approx(PROBS[c.token_id], abs=1e-6)      # raw softmax
+    finals = {c.token_id: c.final_prob for c in row}
+    assert finals[3] == pytest.approx(2 / 3, abs=1e-6) and finals[0] == pytest.approx(1 / 3, abs=1e-6)
+    assert finals[4] == 0.0                                  # cut by top-k: probability exactly 0
+    assert tokens[0] in (3, 0)
+
+
+def test_candidates_of_a_greedy_row():
+    logits = LOGITS.clone()
+    tokens, cands = Sampler()(logits, [SamplingParams(temperature=0.0, top_candidates=2)], [None])
+    assert tokens == [3]
+    assert [(c.token_id, c.final_prob) for c in cands[0]] == [(3, 1.0), (0, 0.0)]
+    assert cands[0][0].prob == pytest.approx(0.5) and cands[0][1].prob == pytest.approx(0.25)
+
+
+def test_candidates_include_the_chosen_token():
+    logits = LOGITS.clone()
+    for seed in range(100):
+        gen = torch.Generator().manual_seed(seed)
+        tokens, cands = Sampler()(logits, [SamplingParams(temperature=1.0, top_candidates=1)], [gen])
+        if tokens[0] != 3:
+            break
+    else:
+        pytest.fail("100 seeds never drew anything but the most likely token")
+    ids = [c.token_id for c in cands[0]]
+    assert ids == [3, tokens[0]]                            # the top one, then the one drawn
+    assert cands[0][1].final_prob == pytest.approx(PROBS[tokens[0]], abs=1e-6)
+
+
+# -- seeded requests through the engine ----------------------------------------------------------
+
+def seeded(seed, **kw):
+    return SamplingParams(temperature=4.0, top_p=0.95, seed=seed, max_tokens=12, ignore_eos=True, **kw)
+
+
+def test_seeded_request_same_tokens_twice_and_in_any_batch(make_tiny_llm, assert_pool_clean):
+    llm = make_tiny_llm()
+    prompt = "Once upon a time"
+    alone = llm.generate(prompt, seeded(42))[0].token_ids
+    assert llm.generate(prompt, seeded(42))[0].token_ids == alone
+    assert len(set(alone)) > 3                              # it really sampled
+    crowd = llm.generate(["The weather", prompt, "A", prompt],
+                         [seeded(1), seeded(42), SamplingParams(temperature=0.0, max_tokens=20), seeded(7)])
+    assert crowd[1].token_ids == alone
+    assert crowd[3].token_ids != alone                      # another seed, other tokens
+    other = make_tiny_llm(max_num_batched_tokens=3, max_num_seqs=2)   # chunked, other batches
+    assert other.generate(["Hello there", prompt], [seeded(3), seeded(42)])[1].token_ids == alone
+    assert_pool_clean(llm.engine)
+    assert_pool_clean(other.engine)
+
+
+def test_unseeded_requests_follow_the_engine_seed(make_tiny_llm):
+    params = SamplingParams(temperature=4.0, max_tokens=12, ignore_eos=True)
+    a = make_tiny_llm(seed=123).generate(["Once upon a time"] * 3, params)
+    b = make_tiny_llm(seed=123).generate(["Once upon a time"] * 3, params)
+    c = make_tiny_llm(seed=124).generate(["Once upon a time"] * 3, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert len({tuple(o.token_ids) for o in a}) > 1         # each request draws on its own
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+
+
+def test_engine_candidates(make_tiny_llm):
+    llm = make_tiny_llm()
+    out = llm.generate("Once upon a time", seeded(9, top_candidates=5))[0]
+    assert len(out.candidates) == len(out.token_ids)
+    for token, row in zip(out.token_ids, out.candidates):
+        assert token in [c.token_id for c in row]
+        assert 5 <= len(row) <= 6
+        assert all(0.0 <= c.prob <= 1.0 and 0.0 <= c.final_prob <= 1.0 for c in row)
+        probs = [c.prob for c in row[:5]]
+        assert probs == sorted(probs, reverse=True)
+    assert llm.generate("Once upon a time", seeded(9))[0].candidates is None
