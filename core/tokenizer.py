@@ -95,6 +95,8 @@ class Tokenizer:
 
     def _char_labels(self, messages, text, add_generation_prompt):
         """(kind, role, message index) for every character of the rendered text."""
+        if any(c in m["content"] for m in messages for c in (_OPEN, _MID, _CLOSE)):
+            return [(TokenKind.WRAPPER, None, None)] * len(text)  # our markers in the text: label plainly
         # 1. Which characters are message content: render once with each content marked.
         marked = [{**m, "content": f"{_OPEN}{i}{_MID}{m['content']}{_CLOSE}"} for i, m in enumerate(messages)]
         content_of = []  # per character of the clean text: message index or None

@@ -149,3 +149,12 @@ def test_chat_template_matches_hugging_face(smollm, hf_reference):
         assert smollm.tokenizer.render_chat(conv).token_ids == list(theirs)
     for text in ("Hello world", "Ünïcödé 日本語 🎉", "def f(x):\n    return x * 2\n"):
         assert smollm.tokenizer.encode(text) == hf_tok.encode(text, add_special_tokens=False)
+
+
+def test_render_chat_survives_private_use_characters(tok):
+    """Text that contains the markers render_chat uses internally still renders, with the
+    same ids as the plain template (labels fall back to plain wrapper labels)."""
+    messages = [{"role": "user", "content": "odd \ue000 1 \ue001 text \ue002 here"}]
+    rendered = tok.render_chat(messages)
+    assert rendered.token_ids == tok.apply_chat_template(messages)
+    assert len(rendered.tokens) == len(rendered.token_ids)
