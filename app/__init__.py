@@ -23,9 +23,9 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     app.config["SENDLENS"] = cfg
     app.config["TESTING"] = cfg.testing
     # The websocket library closes a connection outright above this size; smaller excess is
-    # answered with a protocol error (max_message_bytes) and the connection stays open.
-    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": cfg.ws_ping_interval,
-                                         "max_message_size": 16 * cfg.max_message_bytes}
+    # answered with a protocol error (max_message_bytes) and the connection stays open. No
+    # server pings: the library would send them from its own thread, racing our writer's frames.
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": None, "max_message_size": 16 * cfg.max_message_bytes}
 
     from . import assets, embeds, live, pages, runtime
     from .widgets import find_built

@@ -2,7 +2,6 @@
 
 from flask import Blueprint, abort, render_template
 
-from .runtime import get_runtime
 from .sections import by_widget
 from .widgets import NAMES, built_widgets
 
@@ -16,4 +15,4 @@ def embed(name: str):
     section = by_widget(name)
     if name not in built_widgets():
         return render_template("coming.html", name=name, section=section), 404
-    return render_template("embed.html", name=name, section=section, info=get_runtime().model_info())
+    return render_template("embed.html", name=name, section=section)

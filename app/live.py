@@ -49,6 +49,7 @@ class Connection:
         self.config = runtime.config
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.inflight: dict[object, str] = {}  # client id -> engine request id
+        self.jobs = 0                          # looking-inside jobs in flight
         self.lock = threading.Lock()
         self.writer = threading.Thread(target=self._write, name="sendlens-ws-writer", daemon=True)
 
@@ -100,7 +101,7 @@ class Connection:
                 raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
                                                   "running on this connection (max_requests_per_connection)",
                                     "connection")
-        prompt, messages = protocol.generate_prompt(msg)
+        prompt, messages = protocol.generate_prompt(msg, self.config)
         params = protocol.sampling_params(msg, self.config)
         engine = self.runtime.engine
         if messages is not None:
@@ -124,20 +125,28 @@ class Connection:
             if name not in msg:
                 raise ProtocolError("invalid_request", f"{name} is required", name)
         limit = self.config.max_inspect_tokens
-        future = self.runtime.loop.call(
-            lambda engine: inspect.attention(engine, msg["text"], msg["layer"], msg["head"], limit))
-        future.add_done_callback(lambda f: self._reply(mid, f, lambda r: {
-            "type": "attention", "id": mid, "layer": msg["layer"], "head": msg["head"], **r}))
+        self._job(mid, lambda engine: inspect.attention(engine, msg["text"], msg["layer"], msg["head"], limit),
+                  lambda r: {"type": "attention", "id": mid, "layer": msg["layer"], "head": msg["head"], **r})
 
     def on_template(self, mid, msg) -> None:
-        if "messages" not in msg:
-            raise ProtocolError("invalid_request", "messages is required", "messages")
-        messages = protocol.validate_messages(msg["messages"])
+        messages = protocol.chat_messages(msg, self.config)
         engine = self.runtime.engine
         rendered = engine.tokenizer.render_chat(messages)
         self.outbox.put(protocol.template_message(mid, rendered, engine.max_model_len))
 
+    def _job(self, mid, fn, shape) -> None:
+        """Run fn(engine) on the engine's thread (one job per step) and reply with shape(result)."""
+        with self.lock:
+            if self.jobs >= self.config.max_jobs_per_connection:
+                raise ProtocolError("overloaded", f"{self.config.max_jobs_per_connection} requests to look inside "
+                                                  "the model are already running on this connection "
+                                                  "(max_jobs_per_connection)", "connection")
+            self.jobs += 1
+        self.runtime.loop.call(fn).add_done_callback(lambda f: self._reply(mid, f, shape))
+
     def _reply(self, mid, future, shape) -> None:
+        with self.lock:
+            self.jobs -= 1
         exc = future.exception()
         if exc is None:
             self.outbox.put(shape(future.result()))
@@ -149,28 +158,35 @@ class Connection:
 
     # -- writing (the writer thread) ---------------------------------------------------------
     def _write(self) -> None:
-        tokenizer = self.runtime.engine.tokenizer
         while True:
             item = self.outbox.get()
             if item is None:
                 return
-            if isinstance(item, tuple):
-                _, mid, out = item
-                if out.finished:
-                    with self.lock:
-                        self.inflight.pop(mid, None)
-                messages = []
-                if out.new_token_ids:
-                    messages.append(protocol.token_message(mid, out))
-                if out.finished:
-                    messages.append(protocol.done_message(mid, out, tokenizer))
-            else:
-                messages = [item]
             try:
-                for message in messages:
+                for message in self._messages(item):
                     self.ws.send(json.dumps(message))
             except ConnectionClosed:
                 return
-            except Exception:
-                log.exception("websocket send failed")
+            except Exception:  # never leave a silent connection: close it, the reader then ends
+                log.exception("websocket send failed; closing the connection")
+                try:
+                    self.ws.close()
+                except Exception:
+                    pass
                 return
+
+    def _messages(self, item) -> list[dict]:
+        if not isinstance(item, tuple):
+            return [item]
+        _, mid, out = item
+        if out.finished:
+            with self.lock:
+                self.inflight.pop(mid, None)
+        messages = []
+        if out.new_token_ids:
+            messages.append(protocol.token_message(mid, out))
+        if out.error:
+            messages.append(ProtocolError("internal_error", out.error, None, mid).as_message())
+        elif out.finished:
+            messages.append(protocol.done_message(mid, out, self.runtime.engine.tokenizer))
+        return messages

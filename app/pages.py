@@ -3,7 +3,7 @@
 from flask import Blueprint, jsonify, render_template, request
 
 from .runtime import get_runtime
-from .sections import BADGES, SECTIONS
+from .sections import SECTIONS
 from .widgets import built_widgets
 
 bp = Blueprint("pages", __name__)
@@ -12,7 +12,7 @@ bp = Blueprint("pages", __name__)
 @bp.get("/")
 def index():
     runtime = get_runtime()
-    return render_template("index.html", sections=SECTIONS, badges=BADGES, built=built_widgets(),
+    return render_template("index.html", sections=SECTIONS, built=built_widgets(),
                            info=runtime.model_info(), origin=request.host_url.rstrip("/"))
 
 

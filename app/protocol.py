@@ -8,8 +8,8 @@ connection stays open. docs/protocol.md describes every message; this module is 
 import json
 from dataclasses import dataclass
 
-from core.errors import InvalidParameter
-from core.llm import validate_messages
+from core.errors import InvalidParameter, is_int
+from core.tokenizer import validate_messages
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 
@@ -29,10 +29,13 @@ FIELDS = {
 
 @dataclass
 class ProtocolError(Exception):
-    code: str       # invalid_request, context_length_exceeded, overloaded
+    code: str       # invalid_request, context_length_exceeded, overloaded, internal_error
     message: str
     param: str | None = None
     id: object = None
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
 
     @classmethod
     def from_exception(cls, exc: Exception, id=None) -> "ProtocolError":
@@ -51,13 +54,12 @@ def parse(raw, config: ServerConfig) -> dict:
                                                "(max_message_bytes)", "message")
     try:
         msg = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ProtocolError("invalid_request", f"message is not valid JSON: {exc}", "message") from None
     if not isinstance(msg, dict):
         raise ProtocolError("invalid_request", "message must be a JSON object", "message")
     mid = msg.get("id")
-    if not (isinstance(mid, str) and 0 < len(mid) <= MAX_ID_LENGTH) and not (
-            isinstance(mid, int) and not isinstance(mid, bool)):
+    if not (isinstance(mid, str) and 0 < len(mid) <= MAX_ID_LENGTH) and not is_int(mid):
         raise ProtocolError("invalid_request", f"id must be a string of 1 to {MAX_ID_LENGTH} characters "
                                                "or an integer", "id")  # no usable id: the reply says null
     kind = msg.get("type")
@@ -70,7 +72,17 @@ def parse(raw, config: ServerConfig) -> dict:
     return msg
 
 
-def generate_prompt(msg: dict) -> tuple[str | None, list[dict] | None]:
+def chat_messages(msg: dict, config: ServerConfig) -> list[dict]:
+    if "messages" not in msg:
+        raise InvalidParameter("messages", "is required")
+    messages = validate_messages(msg["messages"])
+    if len(messages) > config.max_messages:
+        raise InvalidParameter("messages", f"has {len(messages)} messages; the most this server takes is "
+                                           f"{config.max_messages} (max_messages)")
+    return messages
+
+
+def generate_prompt(msg: dict, config: ServerConfig) -> tuple[str | None, list[dict] | None]:
     """(prompt, messages): exactly one of them is given."""
     has_messages, has_prompt = "messages" in msg, "prompt" in msg
     if has_messages == has_prompt:
@@ -79,12 +91,12 @@ def generate_prompt(msg: dict) -> tuple[str | None, list[dict] | None]:
         if not isinstance(msg["prompt"], str) or not msg["prompt"]:
             raise InvalidParameter("prompt", "must be a non-empty string")
         return msg["prompt"], None
-    return None, validate_messages(msg["messages"])
+    return None, chat_messages(msg, config)
 
 
 def sampling_params(msg: dict, config: ServerConfig) -> SamplingParams:
     max_tokens = msg.get("max_tokens", config.default_max_tokens)
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > config.max_tokens_limit:
+    if is_int(max_tokens) and max_tokens > config.max_tokens_limit:
         raise InvalidParameter("max_tokens", f"must be at most {config.max_tokens_limit} on this server")
     return SamplingParams(
         max_tokens=max_tokens,
@@ -102,8 +114,9 @@ def ms(seconds: float | None) -> float | None:
 
 def token_message(mid, out: RequestOutput) -> dict:
     index = len(out.token_ids) - 1
+    # metrics is the request's live record, which may have moved on: index it, never [-1]
     return {"type": "token", "id": mid, "index": index, "token_id": out.new_token_ids[-1],
-            "text": out.new_text, "t_ms": ms(out.metrics.token_times[-1] - out.metrics.arrival_time)}
+            "text": out.new_text, "t_ms": ms(out.metrics.token_times[index] - out.metrics.arrival_time)}
 
 
 def done_message(mid, out: RequestOutput, tokenizer) -> dict:

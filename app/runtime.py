@@ -54,6 +54,7 @@ class Runtime:
             "max_tokens_limit": self.config.max_tokens_limit,
             "default_max_tokens": self.config.default_max_tokens,
             "max_inspect_tokens": self.config.max_inspect_tokens,
+            "max_messages": self.config.max_messages,
         }
 
     def shutdown(self) -> None:

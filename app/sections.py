@@ -6,7 +6,7 @@ by_widget. Prose is plain text; the only markup is a link to another section, wr
 from dataclasses import dataclass
 
 BADGES = {  # source badge key -> (label, what it means)
-    "live": ("live model", "computed just now by SmolLM2-135M-Instruct running in sendlens' engine"),
+    "live": ("live model", "computed just now by the model running in this server's engine (named at the top of the page)"),
     "measured": ("measured here", "timed on this server, just now"),
     "computed": ("computed", "a formula over stated inputs; the formula is shown"),
     "simulated": ("simulated", "a model of hardware we do not have; the assumptions are shown"),

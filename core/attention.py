@@ -9,40 +9,24 @@ vLLM's PagedAttention reads a block table (Kwon et al., 2023), written here in p
     gather:  k_cache[layer][block_tables]  ->  (S, blocks * block_size, Hkv, D)
     attend:  softmax(q k^T / sqrt(D) + causal mask) v, one batched matmul per group
 
-Sequences are split into at most two groups, decodes (one query each) and prefill chunks, so a
-long prefill does not pad every decode to its length.
+Sequences are split into a few groups of similar lengths (plan_groups), so that a long prefill
+or a long context does not pad every other sequence to its length.
 
-Batch invariance. CPU matrix-multiply libraries pick a different kernel for very few rows, and
-a different kernel sums in a different order, so the same token could get slightly different
-logits alone and in a batch. MKL's sgemm computes rows in panels of MIN_GEMM_ROWS; a partial
-panel (fewer rows, or the last rows of a small matrix when threads split the rows) goes to
-another kernel. So every matmul here and in model.py is padded to a whole number of panels; then
-each row's result is the same whatever else is in the batch (tests/test_attention.py checks it
-bit for bit). Likewise the score matmul and the softmax take another kernel for very few keys,
-so a sequence group reads at least MIN_KEYS key slots (the extra ones masked). This is why a
-batched request gives exactly the tokens it gives alone.
+Batch invariance: every matmul here has a whole number of row panels (see gemm.py), and the
+score matmul and the softmax take another kernel for very few keys, so a group reads at least
+MIN_KEYS key slots (the extra ones masked). Padding keys or queries never changes a member's
+result; this is why a batched request gives exactly the tokens it gives alone.
 """
 
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-MIN_GEMM_ROWS = 4  # MKL sgemm's row panel: a partial one switches kernels (and rounding)
-MIN_KEYS = 16      # fewer keys than this switch the score matmul's and the softmax's kernels
+from .gemm import MIN_GEMM_ROWS
+from .kv_cache import KVCache
 
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T with a whole number of MIN_GEMM_ROWS-row panels, so each row's result is
-    batch-invariant."""
-    n = x.shape[0]
-    rows = max(MIN_GEMM_ROWS, -(-n // MIN_GEMM_ROWS) * MIN_GEMM_ROWS)
-    if rows == n:
-        return F.linear(x, weight)
-    padded = torch.cat([x, x.new_zeros(rows - n, x.shape[1])])
-    return F.linear(padded, weight)[:n]
+MIN_KEYS = 16  # fewer keys than this switch the score matmul's and the softmax's kernels
 
 
 def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
@@ -79,28 +63,6 @@ def causal_attention(q, k, v):
     return y[0], probs[0]
 
 
-class KVCache:
-    """The pool of KV blocks: one tensor for keys and one for values, every layer.
-
-    k, v: (L, num_blocks, block_size, Hkv, D). Slot s of the pool is block s // block_size,
-    offset s % block_size; the block manager decides which blocks a sequence owns.
-    """
-
-    def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim):
-        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        # Zeros, because attention reads whole blocks and masks the unused slots: 0 * garbage
-        # could be NaN. numpy's zeros come from calloc, so the OS hands out zeroed pages only
-        # when a block is first written, and a 1 GiB pool costs nothing up front.
-        self.k = torch.from_numpy(np.zeros(shape, dtype=np.float32))
-        self.v = torch.from_numpy(np.zeros(shape, dtype=np.float32))
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-
 @dataclass
 class SequenceGroup:
     """Sequences attended together: queries padded to Q, keys gathered to K = blocks * block_size."""
@@ -118,6 +80,43 @@ class PagedBatch:
     cache: KVCache
     slot_mapping: torch.Tensor  # (T,) pool slot of each new token's K and V
     groups: list[SequenceGroup]
+
+
+MAX_PADDING = 1.5                # a group may do at most this much more work than its members alone
+PADDING_SLACK = 4096             # ... plus this many query-key pairs (small groups stay together)
+MAX_GROUP_PAIRS = 4 * 1024 * 1024  # query-key pairs in one group's scores (x heads x 4 bytes)
+
+
+def plan_groups(seqs, block_size: int, min_rows: int) -> list[list]:
+    """Split the step's sequences into groups that attend together.
+
+    A group pads every member to its longest query run and its longest key run, so one long
+    context next to many short ones would multiply the work. Sequences are sorted (decodes first,
+    then by key length) and a new group starts when padding would cost more than MAX_PADDING
+    times the members' own work. The number of groups stays small (it grows with the spread of
+    lengths, not with the batch), and padding never changes a member's result (see above).
+    seqs: list of (first packed index, num_query_tokens, first position, block_table).
+    """
+    def rows(n):
+        return -(-n // min_rows) * min_rows
+
+    def keys(table):
+        return max(MIN_KEYS, len(table) * block_size)
+
+    groups, current = [], []
+    max_q = max_k = own = 0
+    for seq in sorted(seqs, key=lambda s: (s[1] > 1, len(s[3]), s[1])):
+        q, k = rows(seq[1]), keys(seq[3])
+        new_q, new_k, new_own = max(max_q, q), max(max_k, k), own + q * k
+        padded = (len(current) + 1) * new_q * new_k
+        if current and (padded > MAX_PADDING * new_own + PADDING_SLACK or padded > MAX_GROUP_PAIRS):
+            groups.append(current)
+            current, new_q, new_k, new_own = [], q, k, q * k
+        current.append(seq)
+        max_q, max_k, own = new_q, new_k, new_own
+    if current:
+        groups.append(current)
+    return groups
 
 
 def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:

@@ -13,7 +13,10 @@ contents and hash: it is reused on a hit, or evicted, least recently used first,
 needs a block.
 """
 
+import hashlib
 from collections import OrderedDict
+
+import numpy as np
 
 from .errors import InvalidParameter
 
@@ -24,12 +27,16 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.hash: int | None = None          # set once the block is full and its KV written
+        self.hash: bytes | None = None        # set once the block is full and its KV written
         self.token_ids: tuple[int, ...] = ()  # kept to rule out hash collisions
 
 
-def hash_block(parent: int | None, token_ids) -> int:
-    return hash((parent, tuple(token_ids)))
+def hash_block(parent: bytes | None, token_ids) -> bytes:
+    """sha256 over the parent block's hash and this block's token ids. A cryptographic hash, so
+    no one can craft a prompt whose blocks collide with another user's prefix (CVE-2025-25183)."""
+    digest = hashlib.sha256(parent or b"")
+    digest.update(np.asarray(list(token_ids), dtype=np.int64).tobytes())
+    return digest.digest()
 
 
 class BlockManager:
@@ -42,7 +49,7 @@ class BlockManager:
         # Blocks no one uses, in eviction order: the first is taken next. Blocks holding a cached
         # prefix go to the end when freed (least recently used first); empty ones to the front.
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # published hash -> block id
+        self.cached: dict[bytes, int] = {}  # published hash -> block id
 
     # -- pool state ---------------------------------------------------------------------------
     @property
@@ -62,7 +69,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache -------------------------------------------------------------------------
-    def find_cached_prefix(self, seq) -> tuple[list[int], list[int]]:
+    def find_cached_prefix(self, seq) -> tuple[list[int], list[bytes]]:
         """Block ids and hashes of the longest cached prefix of seq's tokens.
 
         The last token is always left to compute (its logits give the next token), so a prompt
@@ -105,7 +112,7 @@ class BlockManager:
         reclaimed = sum(1 for b in cached_ids if self.blocks[b].ref_count == 0)  # counted as free now
         return new <= self.num_free_blocks - reclaimed
 
-    def admit(self, seq, cached_ids: list[int], cached_hashes: list[int], num_new_tokens: int) -> None:
+    def admit(self, seq, cached_ids: list[int], cached_hashes: list[bytes], num_new_tokens: int) -> None:
         for b in cached_ids:
             block = self.blocks[b]
             if block.ref_count == 0:

@@ -7,7 +7,7 @@ user of `LLM(...)` sets. Every limit the engine enforces has a name here.
 from dataclasses import dataclass
 from enum import Enum
 
-from .errors import InvalidParameter
+from .errors import InvalidParameter, is_int
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,6 @@ class ModelConfig:
     tie_word_embeddings: bool = True
     bos_token_id: int = 1
     eos_token_id: int = 2
-    # Mixture of experts (0 = a dense MLP in every block).
-    num_experts: int = 0
-    num_experts_per_token: int = 0
 
     @property
     def kv_values_per_token(self) -> int:
@@ -66,9 +63,9 @@ class EngineConfig:
                                    f"got {self.scheduling!r}") from None
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "trace_steps"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise InvalidParameter(name, f"must be a positive integer, got {value!r}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise InvalidParameter(name, f"must be a positive integer or None, got {value!r}")

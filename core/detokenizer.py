@@ -36,6 +36,11 @@ class Detokenizer:
                 return s
         return None
 
+    def drop_held_back(self) -> None:
+        """On abort: text held back near a stop string was never shown, and now never will be,
+        so the final text is exactly what was streamed."""
+        self.text = self.text[: self.released]
+
     def release(self, finished: bool) -> str:
         """Text that is now safe to show and was not shown before."""
         end = len(self.text) if finished else max(self.released, len(self.text) - self.holdback)

@@ -14,10 +14,10 @@ from collections import deque
 
 import torch
 
-from .attention import KVCache
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .errors import ContextLengthExceeded, InvalidParameter
+from .errors import ContextLengthExceeded, InvalidParameter, is_int
+from .kv_cache import BYTES_PER_VALUE, KVCache
 from .model import Transformer
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepRecord
@@ -25,9 +25,8 @@ from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import FinishReason, Sequence, SequenceStatus
-from .trace import SlotWork, StepTrace
+from .trace import SlotWork, StepKind, StepTrace
 
-BYTES_PER_VALUE = 4  # the KV cache is fp32, like the weights
 
 
 class LLMEngine:
@@ -68,8 +67,7 @@ class LLMEngine:
             raise InvalidParameter("sampling_params", f"must be a SamplingParams, got {type(params).__name__}")
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
             text, ids = None, list(prompt)
             bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
             if bad:
@@ -108,7 +106,8 @@ class LLMEngine:
         if seq is None:
             return None
         self._finish(seq, FinishReason.ABORT, None, time.perf_counter())
-        return seq.output([], seq.detokenizer.release(finished=True))
+        seq.detokenizer.drop_held_back()
+        return seq.output([], "")
 
     def warmup(self) -> None:
         """Run one short request, so the first real one does not pay for first-call setup
@@ -137,7 +136,7 @@ class LLMEngine:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = t0
             decode = seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0
-            work[seq.request_id] = SlotWork(seq.request_id, "decode" if decode else "prefill", n,
+            work[seq.request_id] = SlotWork(seq.request_id, StepKind.DECODE if decode else StepKind.PREFILL, n,
                                             recompute=seq.num_preemptions > 0 and not decode)
 
         step_input = self.runner.prepare(sched.scheduled)
@@ -162,12 +161,12 @@ class LLMEngine:
         self.trace.append(StepTrace(
             step=self.num_steps, start_s=t0 - self.start_time, duration_s=t1 - t0,
             num_batched_tokens=sched.num_batched_tokens,
-            num_prefill_tokens=sum(w.num_tokens for w in work.values() if w.kind == "prefill"),
-            num_decode_tokens=sum(w.num_tokens for w in work.values() if w.kind == "decode"),
+            num_prefill_tokens=sum(w.num_tokens for w in work.values() if w.kind == StepKind.PREFILL),
+            num_decode_tokens=sum(w.num_tokens for w in work.values() if w.kind == StepKind.DECODE),
             running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
             kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
             kv_blocks_total=self.block_manager.num_blocks,
-            slots=[work.get(rid) or (SlotWork(rid, "idle") if rid else None) for rid in _trim(slots)],
+            slots=[work.get(rid) or (SlotWork(rid, StepKind.IDLE) if rid else None) for rid in _trim(slots)],
             preempted=[s.request_id for s in sched.preempted], finished=finished))
         self.num_steps += 1
         return outputs
@@ -207,15 +206,6 @@ class LLMEngine:
             "bytes": self.cache.nbytes,
             "bytes_per_token": self.model_config.kv_values_per_token * BYTES_PER_VALUE,
         }
-
-    def request_states(self) -> list[dict]:
-        """Every running or waiting request with its block table (for the paging widget)."""
-        rows = []
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            rows.append({"request_id": seq.request_id, "status": seq.status.value,
-                         "num_tokens": seq.num_tokens, "num_computed_tokens": seq.num_computed_tokens,
-                         "block_table": list(seq.block_table), "slot": seq.slot})
-        return rows
 
 
 def _trim(slots: list) -> list:

@@ -1,16 +1,23 @@
 """Run an LLMEngine on a background thread and stream each request's outputs to its listener.
 
-Everything that touches the engine happens on the loop's thread: new requests, aborts and
-widget jobs arrive as commands in a queue and are taken between steps, so the engine needs no
-locks. Listeners are called on the loop thread and must not block (the web app's listener only
-puts the output in the connection's queue). Validation and tokenization happen in the caller's
-thread, so bad input is refused at once with the parameter's name.
+Everything that changes the engine's state happens on the loop's thread: new requests, aborts
+and widget jobs arrive as commands in a queue and are taken between steps, so the scheduler and
+block manager need no locks. Validation and tokenization happen in the caller's thread (the
+tokenizer has its own lock), so bad input is refused at once with the parameter's name; counters
+such as the queue length may be read from any thread. Listeners are called on the loop thread
+and must not block (the web app's listener only puts the output in the connection's queue).
+
+Widget jobs (EngineLoop.call) run one per step, so a burst of them cannot stall the streams. If
+a step fails (a bug), the requests it touched end with `error` set instead of taking the server
+down; every other request and every KV block is kept or returned.
 """
 
 import logging
 import queue
 import threading
+from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Callable
 
 from .engine import LLMEngine
@@ -21,6 +28,7 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 Listener = Callable[[RequestOutput], None]
+ENGINE_FAILED = "the engine failed while running this request; it was stopped (the server logged why)"
 
 
 class RequestStream:
@@ -48,12 +56,30 @@ class RequestStream:
                 return output
 
 
+@dataclass
+class Add:
+    seq: Sequence
+    listener: Listener
+
+
+@dataclass
+class Abort:
+    request_id: str
+
+
+@dataclass
+class Job:
+    fn: Callable[[LLMEngine], object]
+    future: Future
+
+
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_queue: int = 1024):
+    def __init__(self, engine: LLMEngine, max_queue: int):
         self.engine = engine
         self.max_queue = max_queue  # requests waiting to start before submit says overloaded
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._listeners: dict[str, Listener] = {}
+        self._jobs: deque[Job] = deque()
+        self._requests: dict[str, tuple[Sequence, Listener]] = {}
         self._num_pending = 0  # submitted, not yet handed to the engine
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -81,23 +107,24 @@ class EngineLoop:
     def prepare(self, prompt, params=None) -> Sequence:
         """Validate and tokenize without queueing (so a caller can answer before any output)."""
         if len(self.engine.scheduler.waiting) + self._num_pending >= self.max_queue:
-            raise EngineOverloaded(f"{self.max_queue} requests are already waiting; try again shortly")
+            raise EngineOverloaded(f"{self.max_queue} requests are already waiting (max_queue); "
+                                   "try again shortly")
         return self.engine.make_sequence(prompt, params)
 
     def enqueue(self, seq: Sequence, listener: Listener | None = None) -> RequestStream:
         stream = RequestStream(seq.request_id, seq.token_ids[: seq.num_prompt_tokens])
         with self._lock:
             self._num_pending += 1
-        self._send(("add", seq, listener or stream.put))
+        self._send(Add(seq, listener or stream.put))
         return stream
 
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(Abort(request_id))
 
     def call(self, fn: Callable[[LLMEngine], object]) -> Future:
         """Run fn(engine) on the loop thread between steps (for widgets that look inside)."""
         future: Future = Future()
-        self._send(("call", fn, future))
+        self._send(Job(fn, future))
         return future
 
     def _send(self, command) -> None:
@@ -108,22 +135,27 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._take_commands()
-            if not self.engine.has_unfinished_requests():
+            ran_job = self._run_one_job()
+            if self.engine.has_unfinished_requests():
+                self._step()
+            elif not ran_job:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
-                continue
-            try:
-                outputs = self.engine.step()
-            except Exception:  # a bug must not take the server down: end what was running
-                log.exception("engine step failed; aborting running requests")
-                outputs = [o for s in list(self.engine.scheduler.running)
-                           if (o := self.engine.abort(s.request_id)) is not None]
-            for output in outputs:
-                self._deliver(output)
-        for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
-            output = self.engine.abort(seq.request_id)
-            if output is not None:
-                self._deliver(output)
+        for seq, _ in list(self._requests.values()):
+            self._deliver(self.engine.abort(seq.request_id) or seq.output([], ""))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception:  # a bug must not take the server down: end what was in flight
+            log.exception("engine step failed; stopping the requests in flight")
+            outputs = []
+            for seq, _ in list(self._requests.values()):
+                output = self.engine.abort(seq.request_id) or seq.output([], "")
+                output.error = ENGINE_FAILED
+                outputs.append(output)
+        for output in outputs:
+            self._deliver(output)
 
     def _take_commands(self) -> None:
         while True:
@@ -131,31 +163,41 @@ class EngineLoop:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            kind = command[0]
-            if kind == "add":
-                _, seq, listener = command
+            if isinstance(command, Add):
                 with self._lock:
                     self._num_pending -= 1
-                self._listeners[seq.request_id] = listener
-                self.engine.add_sequence(seq)
-            elif kind == "abort":
-                output = self.engine.abort(command[1])
+                self._requests[command.seq.request_id] = (command.seq, command.listener)
+                try:
+                    self.engine.add_sequence(command.seq)
+                except Exception as exc:
+                    log.exception("could not add request %s", command.seq.request_id)
+                    output = command.seq.output([], "")
+                    output.finished, output.error = True, str(exc)
+                    self._deliver(output)
+            elif isinstance(command, Abort):
+                output = self.engine.abort(command.request_id)
                 if output is not None:
                     self._deliver(output)
-            elif kind == "call":
-                _, fn, future = command
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(self.engine))
-                    except Exception as exc:
-                        future.set_exception(exc)
+            elif isinstance(command, Job):
+                self._jobs.append(command)
+
+    def _run_one_job(self) -> bool:
+        if not self._jobs:
+            return False
+        job = self._jobs.popleft()
+        if job.future.set_running_or_notify_cancel():
+            try:
+                job.future.set_result(job.fn(self.engine))
+            except Exception as exc:
+                job.future.set_exception(exc)
+        return True
 
     def _deliver(self, output: RequestOutput) -> None:
-        listener = self._listeners.get(output.request_id)
+        entry = self._requests.get(output.request_id)
         if output.finished:
-            self._listeners.pop(output.request_id, None)
-        if listener is not None:
+            self._requests.pop(output.request_id, None)
+        if entry is not None:
             try:
-                listener(output)
+                entry[1](output)
             except Exception:
                 log.exception("listener of request %s failed", output.request_id)

@@ -5,6 +5,11 @@ The web layer turns these into protocol errors (`invalid_request`, `context_leng
 """
 
 
+def is_int(value) -> bool:
+    """An int that is not a bool (JSON true would otherwise pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class InvalidParameter(ValueError):
     """A request or setting has a value the engine cannot use."""
 

@@ -7,12 +7,12 @@ never race the serving engine for the CPU or the weights.
 
 import torch
 
-from .errors import InvalidParameter
+from .errors import InvalidParameter, is_int
 from .model import Probe
 
 
 def check_index(name: str, value, size: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+    if not is_int(value) or not 0 <= value < size:
         raise InvalidParameter(name, f"must be an integer from 0 to {size - 1}, got {value!r}")
     return value
 
@@ -27,7 +27,7 @@ def encode_text(engine, text, max_tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def attention(engine, text: str, layer: int, head: int, max_tokens: int = 256) -> dict:
+def attention(engine, text: str, layer: int, head: int, max_tokens: int) -> dict:
     """Attention weights of one head of one layer for `text`: row i is query token i (causal)."""
     cfg = engine.model_config
     check_index("layer", layer, cfg.num_layers)

@@ -8,22 +8,25 @@ generate() queues every prompt and steps the engine until all are done, so the p
 batched together exactly as concurrent users' requests are.
 """
 
+from dataclasses import fields
+
 from .config import EngineConfig
 from .engine import LLMEngine
 from .errors import InvalidParameter
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
+from .tokenizer import validate_messages
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", *, block_size: int = 16, num_kv_blocks: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, scheduling: str = "continuous", loaded=None, **kwargs):
-        """kwargs: any other EngineConfig field. loaded: an already loaded model (toy_models), to share."""
-        config = EngineConfig(model=model, block_size=block_size, num_kv_blocks=num_kv_blocks,
-                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              enable_prefix_caching=enable_prefix_caching,
-                              enable_chunked_prefill=enable_chunked_prefill, scheduling=scheduling, **kwargs)
+    def __init__(self, model: str = "smollm2-135m", *, loaded=None, **engine_settings):
+        """engine_settings: any field of EngineConfig, with its defaults there: block_size,
+        num_kv_blocks, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
+        enable_chunked_prefill, scheduling, ... loaded: an already loaded model (toy_models) to share."""
+        unknown = sorted(set(engine_settings) - {f.name for f in fields(EngineConfig)})
+        if unknown:
+            raise InvalidParameter(unknown[0], "is not an engine setting (see core.config.EngineConfig)")
+        config = EngineConfig(model=model, **engine_settings)
         self.engine = LLMEngine(config, loaded)
         self.tokenizer = self.engine.tokenizer
 
@@ -62,19 +65,3 @@ class LLM:
                     done[output.request_id] = output
                     pending.discard(output.request_id)
         return [done[rid] for rid in order]
-
-
-ROLES = ("system", "user", "assistant")
-
-
-def validate_messages(messages) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise InvalidParameter("messages", "must be a non-empty list of {role, content} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise InvalidParameter(f"messages[{i}]", "must have exactly the keys role and content")
-        if m["role"] not in ROLES:
-            raise InvalidParameter(f"messages[{i}].role", f"must be one of {ROLES}, got {m['role']!r}")
-        if not isinstance(m["content"], str):
-            raise InvalidParameter(f"messages[{i}].content", "must be a string")
-    return messages

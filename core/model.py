@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import PagedBatch, causal_attention, linear, paged_attention
+from .attention import PagedBatch, causal_attention, paged_attention
+from .gemm import linear
 from .config import ModelConfig
 
 
@@ -34,7 +35,7 @@ class Probe:
 
 
 class Linear(nn.Module):
-    """y = x W^T through attention.linear (batch-invariant); no bias. The weight starts empty:
+    """y = x W^T through gemm.linear (batch-invariant); no bias. The weight starts empty:
     checkpoints load over it, so random initialisation would be wasted time."""
 
     def __init__(self, in_features: int, out_features: int):
@@ -70,7 +71,6 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, D/2)
         angles = torch.cat([angles, angles], dim=-1)                         # (P, D)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 

@@ -2,7 +2,7 @@
 
 The scheduler says which sequences compute how many tokens; the runner packs those tokens into
 one flat batch (ids, positions, the pool slot of each token's K and V), groups the sequences for
-attention (decodes apart from prefill chunks), runs the forward pass once, and keeps the logits
+attention by length, runs the forward pass once, and keeps the logits
 only of each sequence whose computed tokens reach its end (a finished prefill or a decode): only
 those sample a token this step. The LM head is 49152 x 576, so skipping the other rows matters.
 """
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import KVCache, PagedBatch, build_group, min_query_rows
+from .attention import PagedBatch, build_group, min_query_rows, plan_groups
+from .kv_cache import KVCache
 from .model import Transformer
 from .sequence import Sequence
 
@@ -36,7 +37,7 @@ class ModelRunner:
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
         bs = self.block_size
         ids, positions, slots = [], [], []
-        decodes, prefills = [], []
+        entries = []
         sample_rows, sample_seqs = [], []
         t = 0
         for seq, n in scheduled:
@@ -47,12 +48,12 @@ class ModelRunner:
             positions.append(pos)
             slots.append(table[pos // bs] * bs + pos % bs)
             entry = (t, n, start, seq.block_table[: -(-(start + n) // bs)])
-            (decodes if n == 1 else prefills).append(entry)
+            entries.append(entry)
             if start + n == seq.num_tokens:
                 sample_rows.append(t + n - 1)
                 sample_seqs.append(seq)
             t += n
-        groups = [build_group(g, bs, self.min_rows) for g in (decodes, prefills) if g]
+        groups = [build_group(g, bs, self.min_rows) for g in plan_groups(entries, bs, self.min_rows)]
         return StepInput(
             input_ids=torch.cat(ids),
             positions=torch.cat(positions),

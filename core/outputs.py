@@ -10,7 +10,7 @@ class StepRecord:
     step: int
     start_time: float     # time.perf_counter() when the step began
     duration_s: float
-    kind: str             # "prefill" or "decode"
+    kind: str             # a trace.StepKind: "prefill" or "decode"
     num_tokens: int       # this request's tokens in the step
     batch_seqs: int       # requests in the step, this one included
     batch_tokens: int     # tokens in the step, all requests
@@ -91,6 +91,7 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)  # what this step added
     new_text: str = ""               # text released by this step (held back near a stop string)
     candidates: list[list[Candidate]] | None = None  # per generated token, if asked for
+    error: str | None = None         # set when the engine failed on this request (a bug)
 
     @property
     def outputs(self) -> list[CompletionOutput]:

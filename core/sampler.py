@@ -28,7 +28,8 @@ def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
         drop = rank >= k                                                       # top-k
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs                                  # mass of better tokens
-        drop |= before >= top_p[:, None]                                       # top-p (keeps >= 1)
+        drop |= (before >= top_p[:, None]) & (top_p[:, None] < 1)             # top-p; 1 keeps all
+        drop[:, 0] = False                         # the most likely token always stays, whatever p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
     return logits
@@ -52,7 +53,9 @@ class Sampler:
                 torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype))
             final_probs = filtered.softmax(dim=-1)                            # (n, V)
             for j, i in enumerate(sampled):
-                tokens[i] = torch.multinomial(final_probs[j], 1, generator=generators[i])[0]
+                if bool(torch.isfinite(final_probs[j]).all()):
+                    tokens[i] = torch.multinomial(final_probs[j], 1, generator=generators[i])[0]
+                # else: the logits overflowed; keep the argmax rather than fail the whole step
         candidates = [None] * N
         wanted = [i for i, p in enumerate(params) if p.top_candidates]
         if wanted:

@@ -2,9 +2,13 @@
 
 from dataclasses import dataclass, field
 
-from .errors import InvalidParameter
+from .errors import InvalidParameter, is_int
 
 MAX_TOP_CANDIDATES = 20  # the most candidates a request may ask to see per step
+MAX_TEMPERATURE = 100.0  # beyond this every distribution is flat anyway
+GREEDY_BELOW = 1e-5      # a smaller temperature is greedy (dividing by it would overflow fp32)
+MAX_TOKENS = 1 << 30     # an upper bound for max_tokens and top_k (the context ends far sooner)
+MAX_SEED = (1 << 63) - 1
 
 
 @dataclass
@@ -21,30 +25,31 @@ class SamplingParams:
 
     def __post_init__(self):
         def number(name, value, lo, hi, integer=False):
-            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            if not (is_int(value) if integer else is_int(value) or isinstance(value, float)):
                 raise InvalidParameter(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
             if not (lo <= value <= hi) or value != value:
                 raise InvalidParameter(name, f"must be between {lo} and {hi}, got {value!r}")
 
-        number("temperature", self.temperature, 0.0, 100.0)
+        number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        if self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0
         number("top_p", self.top_p, 0.0, 1.0)
         if self.top_p == 0.0:
             raise InvalidParameter("top_p", "must be greater than 0")
-        number("top_k", self.top_k, -1, 1 << 30, integer=True)
+        number("top_k", self.top_k, -1, MAX_TOKENS, integer=True)
         if self.top_k == -1:
             self.top_k = 0
-        number("max_tokens", self.max_tokens, 1, 1 << 30, integer=True)
+        number("max_tokens", self.max_tokens, 1, MAX_TOKENS, integer=True)
         number("top_candidates", self.top_candidates, 0, MAX_TOP_CANDIDATES, integer=True)
         if self.seed is not None:
-            number("seed", self.seed, 0, (1 << 63) - 1, integer=True)
+            number("seed", self.seed, 0, MAX_SEED, integer=True)
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParameter("stop", "must be a non-empty string or a list of them")
-        if not isinstance(self.stop_token_ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, list) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise InvalidParameter("stop_token_ids", "must be a list of token ids")
 
     @property

@@ -39,7 +39,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0             # prompt tokens served by the prefix cache
         self.block_table: list[int] = []
-        self.block_hashes: list[int] = []      # hashes of the full blocks published so far
+        self.block_hashes: list[bytes] = []    # hashes of the full blocks published so far
         self.slot: int | None = None           # batch slot (a column of the batching trace)
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None

@@ -7,9 +7,12 @@ template inserts on its own (SmolLM2's default system prompt), the generation pr
 the assistant's turn, and special tokens.
 """
 
+import bisect
 import threading
 from dataclasses import dataclass
 from enum import Enum
+
+from .errors import InvalidParameter
 
 
 class TokenKind(str, Enum):
@@ -94,60 +97,59 @@ class Tokenizer:
         return RenderedChat(text, ids, tokens)
 
     def _char_labels(self, messages, text, add_generation_prompt):
-        """(kind, role, message index) for every character of the rendered text."""
+        """(kind, role, message index) for every character of the rendered text.
+
+        Three renders, whatever the length of the chat: the text itself, the text with each
+        message's content marked, and the text without the generation prompt.
+        """
+        plain = [(TokenKind.WRAPPER, None, None)] * len(text)
         if any(c in m["content"] for m in messages for c in (_OPEN, _MID, _CLOSE)):
-            return [(TokenKind.WRAPPER, None, None)] * len(text)  # our markers in the text: label plainly
-        # 1. Which characters are message content: render once with each content marked.
+            return plain  # our markers already in the text: label plainly
+        # 1. Which characters are message content, and where each content begins and ends.
         marked = [{**m, "content": f"{_OPEN}{i}{_MID}{m['content']}{_CLOSE}"} for i, m in enumerate(messages)]
-        content_of = []  # per character of the clean text: message index or None
-        current = None
         raw = self.render_template(marked, add_generation_prompt)
-        pos = 0
+        content_of, starts, ends = [], {}, {}
+        current, pos = None, 0
         while pos < len(raw):
             ch = raw[pos]
             if ch == _OPEN:
                 mid = raw.index(_MID, pos)
                 current = int(raw[pos + 1:mid])
+                starts[current] = len(content_of)
                 pos = mid + 1
                 continue
             if ch == _CLOSE:
+                ends[current] = len(content_of)
                 current = None
             else:
                 content_of.append(current)
             pos += 1
-        if len(content_of) != len(text):  # the template altered the content; label plainly
-            return [(TokenKind.WRAPPER, None, None)] * len(text)
-        # 2. Which message each wrapper character belongs to: render growing prefixes.
-        owner = [None] * len(text)
-        start = 0
-        for i in range(len(messages)):
-            end = len(self.render_template(messages[: i + 1], add_generation_prompt=False))
-            for c in range(start, min(end, len(text))):
-                owner[c] = i
-            start = end
+        if len(content_of) != len(text) or len(starts) != len(messages) or len(ends) != len(messages):
+            return plain  # the template altered or dropped content
+        # 2. Each message's turn opens at the last special token before its content (its role
+        #    wrapper, <|im_start|>user\n); text before the first turn is the template's own
+        #    addition (SmolLM2's default system prompt); text after the chat is the generation prompt.
+        opens = [self._last_special_before(text, ends[i - 1] if i else 0, starts[i]) for i in range(len(messages))]
+        chat_end = len(text)
+        if add_generation_prompt:
+            without = self.render_template(messages, add_generation_prompt=False)
+            if text.startswith(without):
+                chat_end = len(without)
+        inserted_role = self._role_after_special(text, 0)
         labels = []
         for c in range(len(text)):
-            i = content_of[c]
-            if i is not None:
-                labels.append((TokenKind.CONTENT, messages[i]["role"], i))
-            elif owner[c] is None:
+            if c >= chat_end:
                 labels.append((TokenKind.GENERATION_PROMPT, "assistant", None))
+            elif c < opens[0]:
+                labels.append((TokenKind.INSERTED, inserted_role, None))
             else:
-                labels.append((TokenKind.WRAPPER, messages[owner[c]]["role"], owner[c]))
-        # 3. Template text before a message's own opening special token is the template's own
-        #    addition (SmolLM2 inserts a system turn when the chat has none).
-        for i, m in enumerate(messages):
-            chars = [c for c in range(len(text)) if owner[c] == i]
-            first_content = next((c for c in chars if content_of[c] == i), None)
-            if not chars or first_content is None:
-                continue
-            opening = self._last_special_before(text, chars[0], first_content)
-            inserted_role = self._role_after_special(text, chars[0])
-            for c in range(chars[0], opening):
-                labels[c] = (TokenKind.INSERTED, inserted_role, None)
+                i = bisect.bisect_right(opens, c) - 1
+                kind = TokenKind.CONTENT if content_of[c] == i else TokenKind.WRAPPER
+                labels.append((kind, messages[i]["role"], i))
         return labels
 
     def _last_special_before(self, text, lo, hi):
+        """Start of the last special token in text[lo:hi], or lo if there is none."""
         best = lo
         for s in self.special_strings:
             at = text.rfind(s, lo, hi)
@@ -161,3 +163,20 @@ class Tokenizer:
                 line = text[at + len(s):].split("\n", 1)[0].strip()
                 return line or None
         return None
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def validate_messages(messages) -> list[dict]:
+    """A chat: a non-empty list of {"role", "content"} with known roles and string content."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParameter("messages", "must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise InvalidParameter(f"messages[{i}]", "must have exactly the keys role and content")
+        if m["role"] not in ROLES:
+            raise InvalidParameter(f"messages[{i}].role", f"must be one of {ROLES}, got {m['role']!r}")
+        if not isinstance(m["content"], str):
+            raise InvalidParameter(f"messages[{i}].content", "must be a string")
+    return messages

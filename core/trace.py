@@ -7,12 +7,19 @@ static batching shows idle slots waiting for the longest member; continuous batc
 """
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class StepKind(str, Enum):
+    PREFILL = "prefill"  # a chunk of the prompt (or a recompute after preemption)
+    DECODE = "decode"    # one new token
+    IDLE = "idle"        # the slot is held but did no work this step
 
 
 @dataclass
 class SlotWork:
     request_id: str
-    kind: str                      # "prefill", "decode" or "idle"
+    kind: StepKind
     num_tokens: int = 0            # tokens computed this step
     output_index: int | None = None  # 1-based index of the token this step produced, if any
     recompute: bool = False        # prefill again after a preemption

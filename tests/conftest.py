@@ -89,6 +89,7 @@ LIVE_SETTINGS = {
     "max_tokens_limit": 64,
     "default_max_tokens": 16,
     "max_inspect_tokens": 64,
+    "max_messages": 8,
     "testing": True,
 }
 

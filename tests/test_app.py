@@ -381,6 +381,11 @@ def test_vendor_serves_nothing_else(client):
     ("max_tokens_limit", 1.5),
     ("default_max_tokens", 0),
     ("max_inspect_tokens", None),
+    ("max_jobs_per_connection", 0),
+    ("max_messages", -5),
+    ("frame_ancestors", ""),
+    ("frame_ancestors", "*; script-src *"),
+    ("frame_ancestors", "*\r\nX-Injected: 1"),
 ])
 def test_server_config_rejects_bad_limits(field, value):
     with pytest.raises(InvalidParameter) as info:
@@ -398,6 +403,14 @@ def test_server_config_default_max_tokens_within_limit():
     assert info.value.param == "default_max_tokens"
     cfg = ServerConfig(max_tokens_limit=10, default_max_tokens=10)
     assert cfg.default_max_tokens == 10
+
+
+def test_server_config_copies_the_engine_config():
+    from core.config import EngineConfig
+    engine = EngineConfig(block_size=8)
+    cfg = ServerConfig(model="tiny", engine=engine)
+    assert cfg.engine.model == "tiny" and cfg.engine.block_size == 8
+    assert engine.model == "smollm2-135m"  # the caller's object is left as it was
 
 
 def test_server_config_from_mapping():

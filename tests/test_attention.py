@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from core import SamplingParams
-from core.attention import (MIN_GEMM_ROWS, MIN_KEYS, KVCache, PagedBatch, attend, build_group, causal_attention,
-                            linear, min_query_rows, paged_attention)
+from core.attention import MIN_KEYS, PagedBatch, attend, build_group, causal_attention, min_query_rows, paged_attention
+from core.gemm import MIN_GEMM_ROWS, linear
+from core.kv_cache import KVCache
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -239,3 +240,30 @@ def test_logits_are_bit_identical_in_any_batch_smollm(make_smollm):
     target = engine.tokenizer.encode("Paged attention keeps the keys and values of every request in blocks.")
     assert len(target) > 10
     assert_bit_identical(invariance_cases(engine, target))
+
+
+def test_plan_groups_keeps_a_long_context_apart():
+    """One decode with a long context must not pad thirty short decodes to its length."""
+    from core.attention import plan_groups
+    bs = 16
+    short = [(i, 1, 20, [i]) for i in range(31)]              # 1 query, 1 block each
+    long = [(31, 1, 7000, list(range(100, 100 + 438)))]       # 1 query, 438 blocks
+    groups = plan_groups(short + long, bs, min_rows=2)
+    assert sorted(len(g) for g in groups) == [1, 31]
+    assert [g for g in groups if len(g) == 1][0] == long
+
+
+def test_plan_groups_separates_a_long_prefill_from_small_ones():
+    from core.attention import plan_groups
+    bs = 16
+    prefill = [(0, 344, 6656, list(range(438)))]
+    tiny = [(344 + 2 * i, 2, 0, [500 + i]) for i in range(40)]
+    groups = plan_groups(prefill + tiny, bs, min_rows=2)
+    assert prefill in groups
+    assert sum(len(g) for g in groups) == 41 and len(groups) <= 3
+
+
+def test_plan_groups_keeps_similar_sequences_together():
+    from core.attention import plan_groups
+    seqs = [(i, 1, 30 + i, [i, i + 100]) for i in range(64)]   # 64 decodes of two blocks each
+    assert plan_groups(seqs, 16, min_rows=2) == [sorted(seqs, key=lambda s: (s[1] > 1, len(s[3]), s[1]))]

@@ -266,3 +266,11 @@ def test_free_returns_every_block():
         bm.free_blocks(s)
         assert s.block_table == [] and s.block_hashes == [] and s.num_computed_tokens == 0
     assert_all_free(bm)
+
+
+def test_block_hash_is_a_sha256_chain():
+    first = hash_block(None, range(16))
+    assert isinstance(first, bytes) and len(first) == 32
+    assert hash_block(first, range(16)) != first                 # the parent is part of the name
+    assert hash_block(None, range(16)) == first                  # deterministic
+    assert hash_block(None, [0] * 16) != hash_block(None, [0] * 15 + [1])

@@ -159,3 +159,37 @@ def test_shutdown_aborts_what_is_running(make_loop, assert_pool_clean):
     final = stream.result(TIMEOUT)
     assert final.finished and final.finish_reason == "abort"
     assert_pool_clean(loop.engine)
+
+
+def test_widget_jobs_run_one_per_step(make_loop):
+    """A burst of jobs cannot stall the streams: at most one job runs between two steps."""
+    loop = make_loop()
+    gate = threading.Event()
+    loop.call(lambda engine: gate.wait(TIMEOUT))  # hold the loop while the burst queues up
+    stream = loop.submit([5, 6, 7], long_params(20))
+    futures = [loop.call(lambda engine: engine.num_steps) for _ in range(5)]
+    gate.set()
+    steps_seen = [f.result(TIMEOUT) for f in futures]
+    assert stream.result(TIMEOUT).finish_reason == "length"
+    assert steps_seen == sorted(steps_seen) and len(set(steps_seen)) == len(steps_seen)
+
+
+def test_a_failing_step_ends_the_requests_in_flight_with_an_error(make_loop, assert_pool_clean):
+    loop = make_loop(start=False)
+    engine = loop.engine
+    step = engine.step
+    calls = {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("a bug")
+        return step()
+    engine.step = failing_step
+    loop.start()
+    out = loop.submit([5, 6, 7], long_params(20)).result(TIMEOUT)
+    assert out.finished and out.error and "a bug" not in out.error
+    after = loop.submit([5, 6, 7], long_params(4)).result(TIMEOUT)  # the loop goes on
+    assert after.error is None and after.finish_reason == "length"
+    loop.call(lambda e: None).result(TIMEOUT)
+    assert_pool_clean(engine)

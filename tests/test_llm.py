@@ -200,3 +200,11 @@ def test_unknown_model_is_refused():
     with pytest.raises(InvalidParameter) as exc:
         LLM("no-such-model")
     assert exc.value.param == "model"
+
+
+def test_an_unknown_engine_setting_is_named(tiny_loaded):
+    from core import LLM
+    from core.errors import InvalidParameter
+    with pytest.raises(InvalidParameter) as info:
+        LLM("tiny", loaded=tiny_loaded, max_num_seq=4)  # a typo of max_num_seqs
+    assert info.value.param == "max_num_seq"

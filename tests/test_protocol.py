@@ -12,7 +12,8 @@ import urllib.request
 from contextlib import contextmanager
 
 import pytest
-from simple_websocket import Client, ConnectionClosed
+import simple_websocket
+from simple_websocket import ConnectionClosed
 
 from core import LLM
 from core.sampling_params import SamplingParams
@@ -34,6 +35,16 @@ class Stream:
     @property
     def text(self):
         return "".join(t["text"] for t in self.tokens)
+
+
+class Client(simple_websocket.Client):
+    """simple_websocket's client, minus a race: its handshake reads the server's first frames
+    together with the handshake reply and keeps only the reply's event, so a server that speaks
+    first (our hello) is not heard until more data arrives. Hand the rest to the input buffer."""
+
+    def handshake(self):
+        super().handshake()
+        self._handle_events()
 
 
 class WS:
@@ -789,6 +800,83 @@ def test_closing_the_socket_aborts_its_requests(live_server, connect, slow_engin
         assert not r.finished, "no request ran to its end"
     assert len(produced) == 2 and all(n < 64 for n in produced.values())
     wait_for(lambda: healthz(live_server)["connections"] == 0, what="the connection to close")
+
+
+# ---- review fixes: one client must not be able to hurt the others ------------------------------
+
+def test_a_vanishing_temperature_is_greedy_and_harms_no_one(live_server, ws, connect, reference_llm):
+    """1e-45 rounds to 0 in float32: it must be served as greedy, not crash the step for everyone."""
+    other = connect()
+    with engine_paused(live_server):
+        victim = other.start(prompt="Once upon a time", max_tokens=12)
+        tiny = ws.start(prompt="Once upon a time", max_tokens=12, temperature=1e-45)
+        odd_p = ws.start(prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=1e-46, seed=1)
+    v, t, p = other.finish(victim), ws.finish(tiny), ws.finish(odd_p)
+    for s in (v, t, p):
+        assert s.error is None and s.done["finish_reason"] == "length"
+    greedy = reference_llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=12))[0]
+    assert t.token_ids == greedy.token_ids == v.token_ids
+    assert p.token_ids == greedy.token_ids  # a vanishing top_p keeps only the most likely token
+    all_blocks_free(live_server)
+
+
+def test_a_failing_step_reports_an_error_and_the_server_goes_on(live_server, ws, monkeypatch):
+    engine = live_server.runtime.engine
+    step = engine.step
+    calls = {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("a bug in a step")
+        return step()
+    monkeypatch.setattr(engine, "step", failing_step)
+    s = ws.generate(prompt="Once upon a time", max_tokens=32)
+    assert s.error is not None and s.error["code"] == "internal_error"
+    assert "a bug" not in s.error["message"]
+    monkeypatch.undo()
+    all_blocks_free(live_server)
+    assert healthz(live_server)["status"] == "ok"
+    assert_works(ws)
+
+
+def test_abort_keeps_streamed_text_equal_to_the_final_text(live_server, ws, slow_engine):
+    """Text held back near a stop string is dropped on abort, not sent only in done."""
+    stop = "a stop string far longer than anything the tiny model will say"
+    mid = ws.start(prompt="Once upon a time", max_tokens=64, stop=stop)
+    acc = ws.accepted(mid)
+    tokens = [ws.recv_for(mid) for _ in range(4)]
+    ws.send({"type": "abort", "id": mid})
+    s = ws.finish(mid, accepted=acc)
+    s.tokens[:0] = tokens
+    assert s.done["finish_reason"] == "abort"
+    assert s.text == s.done["text"]
+    all_blocks_free(live_server)
+
+
+def test_looking_inside_is_limited_per_connection(live_server, ws):
+    limit = live_server.runtime.config.max_jobs_per_connection
+    with engine_paused(live_server):
+        for i in range(limit + 1):
+            ws.send({"type": "attention", "id": f"att{i}", "text": "Hello there", "layer": 0, "head": 0})
+        err = ws.recv_for(f"att{limit}")
+        assert err["type"] == "error" and err["code"] == "overloaded" and err["param"] == "connection"
+    for i in range(limit):
+        assert ws.recv_for(f"att{i}")["type"] == "attention"
+    assert_works(ws)
+
+
+def test_too_many_messages_in_a_chat(live_server, ws):
+    n = live_server.runtime.config.max_messages + 1
+    err = ws.error({"type": "template", "id": "t", "messages": [{"role": "user", "content": ""}] * n}, mid="t")
+    assert err["code"] == "invalid_request" and err["param"] == "messages"
+    assert_works(ws)
+
+
+def test_deeply_nested_json_is_an_invalid_request(ws):
+    err = ws.error("[" * 2000 + "]" * 2000, mid=None)
+    assert err["code"] == "invalid_request" and err["param"] == "message"
+    assert_works(ws)
 
 
 def test_zz_every_kv_block_is_free_at_the_end(live_server):

@@ -230,3 +230,30 @@ def test_engine_candidates(make_tiny_llm):
         probs = [c.prob for c in row[:5]]
         assert probs == sorted(probs, reverse=True)
     assert llm.generate("Once upon a time", seeded(9))[0].candidates is None
+
+
+def test_top_p_one_keeps_every_token_beside_a_filtering_row():
+    """Row 0 asks for nothing to be cut; row 1's top-p must not cut row 0's float32 tail."""
+    logits = torch.randn(2, 49152, generator=torch.Generator().manual_seed(3)) * 4
+    out = filter_logits(logits, torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), torch.tensor([1.0, 0.5]))
+    assert bool(torch.isfinite(out[0]).all())
+    assert int(torch.isfinite(out[1]).sum()) < 49152
+
+
+def test_a_vanishing_top_p_keeps_the_most_likely_token():
+    logits = torch.tensor([[0.1, 2.0, 0.3, 1.9]])
+    out = filter_logits(logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1e-46]))
+    assert torch.isfinite(out[0]).tolist() == [False, True, False, False]
+
+
+def test_overflowing_logits_fall_back_to_the_argmax():
+    logits = torch.tensor([[1.0, 3e38, -3e38, 2.0]])
+    params = [SamplingParams(temperature=1e-3, seed=0)]
+    tokens, _ = Sampler()(logits, params, [torch.Generator().manual_seed(0)])
+    assert tokens == [1]
+
+
+@pytest.mark.parametrize("t", [1e-45, 1e-38, 1e-6])
+def test_a_vanishing_temperature_means_greedy(t):
+    assert SamplingParams(temperature=t).temperature == 0.0
+    assert SamplingParams(temperature=t).greedy

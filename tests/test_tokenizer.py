@@ -158,3 +158,20 @@ def test_render_chat_survives_private_use_characters(tok):
     rendered = tok.render_chat(messages)
     assert rendered.token_ids == tok.apply_chat_template(messages)
     assert len(rendered.tokens) == len(rendered.token_ids)
+
+
+def test_inserted_system_prompt_is_labelled_even_for_empty_content(tok):
+    rendered = tok.render_chat([{"role": "user", "content": ""}])
+    kinds = [t.kind for t in rendered.tokens]
+    assert TokenKind.INSERTED in kinds
+    first_user = next(i for i, t in enumerate(rendered.tokens) if t.message == 0)
+    assert all(t.message is None for t in rendered.tokens[:first_user])
+    assert rendered.tokens[first_user].kind == TokenKind.SPECIAL and rendered.tokens[first_user].role == "user"
+
+
+def test_render_chat_labels_a_long_chat(tok):
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(200)]
+    rendered = tok.render_chat(messages)
+    assert rendered.token_ids == tok.apply_chat_template(messages)
+    owners = {t.message for t in rendered.tokens if t.kind == TokenKind.CONTENT}
+    assert owners == set(range(200))

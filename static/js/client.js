@@ -30,6 +30,7 @@ class Client {
     ws.addEventListener("message", (event) => this.dispatch(JSON.parse(event.data)));
     ws.addEventListener("close", () => {
       this.setStatus("closed");
+      this.outbox = [];  // their owners are told below that they failed: never send them later
       // Requests in flight are lost with the connection: tell their owners.
       for (const [id, entry] of this.pending) {
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });

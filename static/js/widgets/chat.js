@@ -37,7 +37,7 @@ export function mount(root, options = {}) {
   const form = el("form", { class: "chat-form" }, [input, sendButton, stopButton]);
   const temperature = el("select", { "aria-label": "Temperature" },
     [["0", "0 (greedy)"], ["0.3", "0.3"], ["0.7", "0.7"], ["1", "1.0"]].map(([v, t]) => el("option", { value: v, text: t })));
-  const maxTokens = el("input", { type: "number", min: "1", value: "200", "aria-label": "Max tokens" });
+  const maxTokens = el("input", { type: "number", min: "1", value: "128", "aria-label": "Max tokens" });
   const seed = el("input", { type: "number", min: "0", placeholder: "none", "aria-label": "Seed" });
   const newChat = el("button", { type: "button", text: "New chat" });
   const settings = el("div", { class: "chat-settings" }, [
@@ -47,8 +47,8 @@ export function mount(root, options = {}) {
     newChat,
   ]);
 
-  const ttft = stat("TTFT", "time to first token");
-  const tpot = stat("TPOT", "time per output token");
+  const ttft = stat("TTFT", "arrival at the engine to first token");
+  const tpot = stat("TPOT", "mean time per later token");
   const generated = stat("Tokens out", "generated so far");
   const queued = stat("Queued", "waiting for a step");
   const finish = el("p", { class: "finish muted", text: "No answer yet." });
@@ -135,7 +135,8 @@ export function mount(root, options = {}) {
     const decodes = tl.steps.filter((s) => s.kind === "decode");
     const shared = tl.steps.filter((s) => s.batch_seqs > 1);
     const maxOthers = Math.max(0, ...tl.steps.map((s) => s.batch_seqs - 1));
-    const note = `Arrived at 0, waited ${fmtMs(q)} in the queue, prefilled ${done.prompt_tokens - done.num_cached_tokens} tokens in ${prefills.length} step${prefills.length === 1 ? "" : "s"}, then ${decodes.length} decode steps of one token each. `
+    const prefilled = prefills.reduce((sum, s) => sum + s.num_tokens, 0);
+    const note = `Arrived at 0, waited ${fmtMs(q)} in the queue, prefilled ${prefilled} tokens in ${prefills.length} step${prefills.length === 1 ? "" : "s"}, then ${decodes.length} decode steps of one token each. `
       + (shared.length ? `${shared.length} of ${tl.steps.length} steps were shared with other requests (up to ${maxOthers} at once): their tokens went through the model in the same matrix multiplies.`
         : "No other request shared these steps.");
     timeline.replaceChildren(chart, el("p", { class: "tl-note", text: note }));
@@ -213,7 +214,8 @@ export function mount(root, options = {}) {
       if (state.current) renderTemplate(t, 0, "sent in full, computing…");
     }).catch(() => {});
 
-    const body = { type: "generate", messages, max_tokens: Number(maxTokens.value) || 200, temperature: Number(temperature.value) };
+    const body = { type: "generate", messages, temperature: Number(temperature.value) };
+    if (maxTokens.value !== "") body.max_tokens = Number(maxTokens.value);
     if (seed.value !== "") body.seed = Number(seed.value);
     let count = 0, first = null, last = null;
     busy(true);
@@ -283,6 +285,7 @@ export function mount(root, options = {}) {
   }, 20000);
   const start = () => client.ready().then((hello) => {
     maxTokens.max = String(hello.max_tokens_limit);
+    if (Number(maxTokens.value) > hello.max_tokens_limit) maxTokens.value = String(hello.default_max_tokens);
     return preview();
   }).then(() => {
     clearTimeout(timeout);
