@@ -1,5 +1,7 @@
 """Which widgets exist: an embed name from the walkthrough whose ES module is in static/js/widgets."""
 
+from pathlib import Path
+
 from flask import current_app
 
 from .sections import SECTIONS
@@ -12,7 +14,5 @@ def built_widgets() -> frozenset[str]:
 
 
 def find_built(static_folder) -> frozenset[str]:
-    from pathlib import Path
-
     folder = Path(static_folder) / "js" / "widgets"
     return frozenset(n for n in NAMES if (folder / f"{n}.js").is_file())

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from .trace import StepKind
+
 
 @dataclass
 class StepRecord:
@@ -10,7 +12,7 @@ class StepRecord:
     step: int
     start_time: float     # time.perf_counter() when the step began
     duration_s: float
-    kind: str             # a trace.StepKind: "prefill" or "decode"
+    kind: StepKind        # prefill or decode
     num_tokens: int       # this request's tokens in the step
     batch_seqs: int       # requests in the step, this one included
     batch_tokens: int     # tokens in the step, all requests
