@@ -15,7 +15,7 @@ from flask import Blueprint
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from core import inspect
+from core import probes
 from core.errors import EngineOverloaded, InvalidParameter
 
 from . import protocol
@@ -125,7 +125,7 @@ class Connection:
             if name not in msg:
                 raise ProtocolError("invalid_request", f"{name} is required", name)
         limit = self.config.max_inspect_tokens
-        self._job(mid, lambda engine: inspect.attention(engine, msg["text"], msg["layer"], msg["head"], limit),
+        self._job(mid, lambda engine: _attention(engine, msg["text"], msg["layer"], msg["head"], limit),
                   lambda r: {"type": "attention", "id": mid, "layer": msg["layer"], "head": msg["head"], **r})
 
     def on_template(self, mid, msg) -> None:
@@ -190,3 +190,18 @@ class Connection:
         elif out.finished:
             messages.append(protocol.done_message(mid, out, self.runtime.engine.tokenizer))
         return messages
+
+
+def _attention(engine, text, layer, head, limit):  # temporary: moves to app/widgets/attention.py
+    cfg = engine.model_config
+    probes.check_index("layer", layer, cfg.num_layers)
+    probes.check_index("head", head, cfg.num_heads)
+    if not isinstance(text, str) or not text:
+        raise InvalidParameter("text", "must be a non-empty string")
+    ids = engine.tokenizer.encode(text)
+    if len(ids) > limit:
+        raise InvalidParameter("text", f"is {len(ids)} tokens; the most this view takes is {limit}")
+    rec = [r for r in probes.layers(engine.model, ids, {layer}) if r.layer == layer][0]
+    return {"token_ids": ids, "tokens": engine.tokenizer.token_texts(ids),
+            "weights": [[round(w, 6) for w in row] for row in rec.attention[head].tolist()],
+            "kv_head": head // (cfg.num_heads // cfg.num_kv_heads)}

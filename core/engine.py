@@ -14,6 +14,7 @@ from collections import deque
 
 import torch
 
+from . import models
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import ContextLengthExceeded, InvalidParameter, is_int
@@ -31,11 +32,10 @@ from .trace import SlotWork, StepKind, StepTrace
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None):
-        from toy_models import load_model
-
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        loaded = loaded or load_model(config.model, config.cache_dir)
+        """loaded: the model (config, state_dict, tokenizer, source), e.g. from core.models.load;
+        None loads config.model by name. Creating an engine changes nothing process-wide (no
+        thread count, no global seed), so a second engine can sit beside the serving one."""
+        loaded = loaded or models.load(config.model, config.cache_dir)
         self.config = config
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
@@ -130,34 +130,53 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
-        slots = list(self.scheduler.slots)
-        work: dict[str, SlotWork] = {}
+        slots, work = list(self.scheduler.slots), self._slot_work(sched, t0)  # for the trace
+        seqs, tokens, candidates = self.run(sched.scheduled)
+        t1 = time.perf_counter()
+        outputs = self.postprocess(sched.scheduled, seqs, tokens, candidates, t1)
+        self._record(sched, slots, work, outputs, t0, t1)
+        return outputs
+
+    def run(self, scheduled):
+        """The model over every scheduled token at once, then one sampled token per sequence
+        whose computed tokens reach its end. -> (those sequences, their tokens, candidates)."""
+        step_input = self.runner.prepare(scheduled)
+        logits = self.runner.run(step_input)                       # (N, V)
+        seqs = step_input.sample_seqs
+        tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        return seqs, tokens, candidates
+
+    def postprocess(self, scheduled, seqs, tokens, candidates, now: float) -> list[RequestOutput]:
+        """Advance the scheduled sequences, publish their full blocks to the prefix cache, append
+        the sampled tokens and check stop conditions (a finished request frees its blocks)."""
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.publish(seq)
+        outputs = []
+        for seq, token, cands in zip(seqs, tokens, candidates):
+            self._append_token(seq, token, cands, now)
+            outputs.append(seq.output([token], seq.detokenizer.release(seq.is_finished)))
+        return outputs
+
+    # -- trace and metrics, beside the step --------------------------------------------------
+    def _slot_work(self, sched, t0: float) -> dict[str, SlotWork]:
+        """What each scheduled request does this step, decided before the step changes it."""
+        work = {}
         for seq, n in sched.scheduled:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = t0
             decode = seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0
             work[seq.request_id] = SlotWork(seq.request_id, StepKind.DECODE if decode else StepKind.PREFILL, n,
                                             recompute=seq.num_preemptions > 0 and not decode)
+        return work
 
-        step_input = self.runner.prepare(sched.scheduled)
-        logits = self.runner.run(step_input)
-        seqs = step_input.sample_seqs
-        tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        t1 = time.perf_counter()
-
+    def _record(self, sched, slots, work: dict[str, SlotWork], outputs, t0: float, t1: float) -> None:
+        slots = _trim(slots)
+        for out in outputs:
+            work[out.request_id].output_index = len(out.token_ids)
         for seq, n in sched.scheduled:
-            seq.num_computed_tokens += n
-            self.block_manager.publish(seq)
             seq.metrics.steps.append(StepRecord(self.num_steps, t0, t1 - t0, work[seq.request_id].kind, n,
                                                 len(sched.scheduled), sched.num_batched_tokens))
-        outputs, finished = [], []
-        for seq, token, cands in zip(seqs, tokens, candidates):
-            self._append_token(seq, token, cands, t1)
-            work[seq.request_id].output_index = seq.num_output_tokens
-            if seq.is_finished:
-                finished.append(seq.request_id)
-            outputs.append(seq.output([token], seq.detokenizer.release(seq.is_finished)))
-
         self.trace.append(StepTrace(
             step=self.num_steps, start_s=t0 - self.start_time, duration_s=t1 - t0,
             num_batched_tokens=sched.num_batched_tokens,
@@ -166,10 +185,10 @@ class LLMEngine:
             running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
             kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
             kv_blocks_total=self.block_manager.num_blocks,
-            slots=[work.get(rid) or (SlotWork(rid, StepKind.IDLE) if rid else None) for rid in _trim(slots)],
-            preempted=[s.request_id for s in sched.preempted], finished=finished))
+            slots=[work.get(rid) or (SlotWork(rid, StepKind.IDLE) if rid else None) for rid in slots],
+            preempted=[s.request_id for s in sched.preempted],
+            finished=[out.request_id for out in outputs if out.finished]))
         self.num_steps += 1
-        return outputs
 
     def _append_token(self, seq: Sequence, token: int, cands, now: float) -> None:
         seq.token_ids.append(token)
@@ -194,7 +213,37 @@ class LLMEngine:
         seq.metrics.finished_time = now
         self.scheduler.finish(seq)
 
-    # -- state for the widgets ---------------------------------------------------------------
+    # -- state for the widgets (call on the engine's thread; EngineLoop publishes copies) ------
+    def info(self) -> dict:
+        """Facts that never change while the engine runs: the model's shape and the engine's limits."""
+        mc, cfg = self.model_config, self.config
+        return {
+            "model": mc.name, "model_source": self.model_source,
+            "context_window": self.max_model_len, "num_layers": mc.num_layers, "num_heads": mc.num_heads,
+            "num_kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim, "hidden_size": mc.hidden_size,
+            "intermediate_size": mc.intermediate_size, "vocab_size": mc.vocab_size,
+            "rope_theta": mc.rope_theta, "tie_word_embeddings": mc.tie_word_embeddings,
+            "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens, "scheduling": cfg.scheduling.value,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "enable_chunked_prefill": cfg.enable_chunked_prefill,
+            "kv_bytes_per_token": mc.kv_values_per_token * BYTES_PER_VALUE,
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+        }
+
+    def stats(self) -> dict:
+        """What changes step by step: the KV pool, the queues, the step count."""
+        return {"kv": self.kv_stats(), "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting), "steps": self.num_steps}
+
+    def block_tables(self) -> list[dict]:
+        """A copy of every running request's block table, with the pool's reference counts."""
+        refs = self.block_manager.ref_counts()
+        return [{"request_id": s.request_id, "num_tokens": s.num_tokens,
+                 "num_computed_tokens": s.num_computed_tokens, "num_cached_tokens": s.num_cached_tokens,
+                 "blocks": list(s.block_table), "ref_counts": [int(refs[b]) for b in s.block_table]}
+                for s in self.scheduler.running]
+
     def kv_stats(self) -> dict:
         bm = self.block_manager
         return {

@@ -7,9 +7,14 @@ tokenizer has its own lock), so bad input is refused at once with the parameter'
 such as the queue length may be read from any thread. Listeners are called on the loop thread
 and must not block (the web app's listener only puts the output in the connection's queue).
 
-Widget jobs (EngineLoop.call) run one per step, so a burst of them cannot stall the streams. If
-a step fails (a bug), the requests it touched end with `error` set instead of taking the server
-down; every other request and every KV block is kept or returned.
+Work beside serving runs between steps, one piece per step, so it can never stall a stream by
+more than one piece: `call(fn)` runs a short function on the loop thread, and a `side_work`
+callable (the web app's job runner) is asked for one slice of its work after every step. If a step
+fails (a bug), the requests it touched end with `error` set instead of taking the server down;
+every other request and every KV block is kept or returned.
+
+Readers on other threads never touch the engine: `info()` is fixed at start, and `stats()` is a
+snapshot the loop publishes after every step (one attribute swap, so no lock is needed).
 """
 
 import logging
@@ -73,10 +78,16 @@ class Job:
     future: Future
 
 
+SideWork = Callable[[LLMEngine], bool]  # runs one slice on the loop thread; True if it did work
+
+
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_queue: int):
+    def __init__(self, engine: LLMEngine, max_queue: int, side_work: SideWork | None = None):
         self.engine = engine
         self.max_queue = max_queue  # requests waiting to start before submit says overloaded
+        self.side_work = side_work
+        self._info = engine.info()
+        self._stats = engine.stats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: deque[Job] = deque()
         self._requests: dict[str, tuple[Sequence, Listener]] = {}
@@ -98,6 +109,18 @@ class EngineLoop:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def info(self) -> dict:
+        """The model's shape and the engine's limits (a copy)."""
+        return dict(self._info)
+
+    def stats(self) -> dict:
+        """The KV pool, queues and step count as of the last step (a snapshot, never live)."""
+        return self._stats
+
+    def wake(self) -> None:
+        """Tell the loop there may be side work to do."""
+        self._wake.set()
 
     # -- from any thread ---------------------------------------------------------------------
     def submit(self, prompt, params=None, listener: Listener | None = None) -> RequestStream:
@@ -122,7 +145,7 @@ class EngineLoop:
         self._send(Abort(request_id))
 
     def call(self, fn: Callable[[LLMEngine], object]) -> Future:
-        """Run fn(engine) on the loop thread between steps (for widgets that look inside)."""
+        """Run fn(engine) on the loop thread between steps; it must be short (one step's time)."""
         future: Future = Future()
         self._send(Job(fn, future))
         return future
@@ -135,12 +158,14 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._take_commands()
-            ran_job = self._run_one_job()
+            did_work = self._run_one_job()
+            did_work = self._run_side_work() or did_work
             if self.engine.has_unfinished_requests():
                 self._step()
-            elif not ran_job:
+            elif not did_work:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
+            self._stats = self.engine.stats()
         for seq, _ in list(self._requests.values()):
             self._deliver(self.engine.abort(seq.request_id) or seq.output([], ""))
 
@@ -156,6 +181,15 @@ class EngineLoop:
                 outputs.append(output)
         for output in outputs:
             self._deliver(output)
+
+    def _run_side_work(self) -> bool:
+        if self.side_work is None:
+            return False
+        try:
+            return bool(self.side_work(self.engine))
+        except Exception:  # the side worker reports its own failures; this keeps the loop alive
+            log.exception("side work failed")
+            return False
 
     def _take_commands(self) -> None:
         while True:

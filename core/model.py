@@ -7,11 +7,9 @@ heads and Hkv key/value heads of size D, V vocabulary.
 
 The forward pass takes a packed batch of tokens from many sequences with explicit positions and
 no padding, so one engine step can mix prefill chunks and decode tokens (see attention.py).
-Without a PagedBatch it runs one whole sequence with plain causal attention, which is what the
-widgets use to look inside: a Probe collects attention weights, per-layer norms and more.
+Without a PagedBatch it runs one whole sequence with plain causal attention. Nothing here knows
+about the widgets: core/probes.py looks inside with forward hooks on these modules.
 """
-
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -20,18 +18,6 @@ import torch.nn.functional as F
 from .attention import PagedBatch, causal_attention, paged_attention
 from .gemm import linear
 from .config import ModelConfig
-
-
-@dataclass
-class Probe:
-    """What to record during an uncached forward pass, for the widgets."""
-
-    attention_layers: set[int] = field(default_factory=set)  # keep the weights of these layers
-    layer_stats: bool = False                                # per-layer norms and entropies
-    qk_layers: set[int] = field(default_factory=set)         # keep rotated q and k of these layers
-    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (H, T, T)
-    qk: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    stats: list[dict[str, torch.Tensor]] = field(default_factory=list)  # one dict per layer
 
 
 class Linear(nn.Module):
@@ -91,7 +77,7 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, (self.H + 2 * self.Hkv) * self.D)
         self.o_proj = Linear(self.H * self.D, cfg.hidden_size)
 
-    def forward(self, x, positions, rotary, batch: PagedBatch | None, probe: Probe | None):
+    def forward(self, x, positions, rotary, batch: PagedBatch | None):
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split(
             [self.H * self.D, self.Hkv * self.D, self.Hkv * self.D], dim=-1)
@@ -101,15 +87,7 @@ class Attention(nn.Module):
         if batch is not None:
             y = paged_attention(q, k, v, self.layer, batch)     # (T, H, D)
         else:
-            y, weights = causal_attention(q, k, v)              # (T, H, D), (H, T, T)
-            if probe is not None:
-                if self.layer in probe.attention_layers:
-                    probe.attention[self.layer] = weights
-                if self.layer in probe.qk_layers:
-                    probe.qk[self.layer] = (q, k)
-                if probe.layer_stats:
-                    entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # (H, T)
-                    probe.stats[-1]["attention_entropy"] = entropy
+            y, _ = causal_attention(q, k, v)                    # (T, H, D)
         return self.o_proj(y.reshape(T, self.H * self.D))       # (T, C)
 
 
@@ -134,16 +112,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, batch=None, probe=None):  # x: (T, C)
-        if probe is not None and probe.layer_stats:
-            probe.stats.append({})
-        a = self.attn(self.attn_norm(x), positions, rotary, batch, probe)
-        x = x + a
-        m = self.mlp(self.mlp_norm(x))
-        x = x + m
-        if probe is not None and probe.layer_stats:
-            probe.stats[-1].update(attention_update=a.norm(dim=-1), mlp_update=m.norm(dim=-1),
-                                   residual=x.norm(dim=-1))
+    def forward(self, x, positions, rotary, batch=None):  # x: (T, C)
+        x = x + self.attn(self.attn_norm(x), positions, rotary, batch)
+        x = x + self.mlp(self.mlp_norm(x))
         return x
 
 
@@ -164,18 +135,18 @@ class Transformer(nn.Module):
         model.load_state_dict(state_dict, strict=True, assign=True)
         return model.eval().requires_grad_(False)
 
-    def forward(self, input_ids, positions, batch: PagedBatch | None = None, probe: Probe | None = None):
+    def forward(self, input_ids, positions, batch: PagedBatch | None = None):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
         x = self.embed_tokens(input_ids)  # (T, C)
         for block in self.layers:
-            x = block(x, positions, self.rotary, batch, probe)
+            x = block(x, positions, self.rotary, batch)
         return self.norm(x)
 
     def logits(self, hidden):  # (N, C) -> (N, V), through the tied embedding matrix
         return linear(hidden, self.embed_tokens.weight)
 
     @torch.inference_mode()
-    def score(self, input_ids: list[int], probe: Probe | None = None) -> torch.Tensor:
+    def score(self, input_ids: list[int]) -> torch.Tensor:
         """Logits for every position of one sequence, no cache: (T, V)."""
         ids = torch.tensor(input_ids, dtype=torch.long)
-        return self.logits(self.forward(ids, torch.arange(len(input_ids)), probe=probe))
+        return self.logits(self.forward(ids, torch.arange(len(input_ids))))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from core.model import Probe, RMSNorm, Rotary, Transformer
+from core.model import RMSNorm, Rotary, Transformer
 
 
 @pytest.fixture(scope="module")
@@ -93,29 +93,6 @@ def test_tied_lm_head(tiny_model, ids):
     assert hidden.shape == (len(ids), tiny_model.config.hidden_size)
     logits = tiny_model.logits(hidden)
     assert torch.allclose(logits, hidden @ tiny_model.embed_tokens.weight.T, atol=1e-4)
-
-
-def test_probe_records_attention_and_layer_stats(tiny_model, ids):
-    cfg = tiny_model.config
-    T = len(ids)
-    probe = Probe(attention_layers={1}, layer_stats=True, qk_layers={0})
-    logits = tiny_model.score(ids, probe=probe)
-    assert torch.equal(logits, tiny_model.score(ids))            # probing changes nothing
-    assert set(probe.attention) == {1}
-    w = probe.attention[1]
-    assert w.shape == (cfg.num_heads, T, T)
-    assert torch.allclose(w.sum(-1), torch.ones(cfg.num_heads, T), atol=1e-5)
-    assert torch.all(w.triu(diagonal=1) == 0)
-    assert set(probe.qk) == {0}
-    q, k = probe.qk[0]
-    assert q.shape == (T, cfg.num_heads, cfg.head_dim) and k.shape == (T, cfg.num_kv_heads, cfg.head_dim)
-    assert len(probe.stats) == cfg.num_layers
-    for layer in probe.stats:
-        assert set(layer) >= {"attention_entropy", "attention_update", "mlp_update", "residual"}
-        assert layer["attention_entropy"].shape == (cfg.num_heads, T)
-        assert layer["residual"].shape == (T,)
-        assert torch.all(layer["attention_entropy"] >= 0)
-        assert torch.all(layer["attention_entropy"][:, 0].abs() < 1e-5)   # token 0 sees only itself
 
 
 def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):

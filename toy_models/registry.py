@@ -32,7 +32,8 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SENDLENS_CACHE") or Path.home() / ".cache" / "sendlens")
 
 
-def load_smollm2(cache_dir: Path) -> LoadedModel:
+def load_smollm2(cache_dir: Path | None = None) -> LoadedModel:
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     directory = gguf_loader.ensure_converted(cache_dir, "smollm2-135m")
     cfg, sd = gguf_loader.load_converted(directory)
     return LoadedModel(cfg, sd, Tokenizer.from_dir(directory / "tokenizer"),
@@ -62,7 +63,8 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_tiny(cache_dir: Path) -> LoadedModel:
+def load_tiny(cache_dir: Path | None = None) -> LoadedModel:
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     directory = gguf_loader.ensure_converted(cache_dir, "smollm2-135m")  # for its tokenizer
     return LoadedModel(TINY_CONFIG, random_weights(TINY_CONFIG), Tokenizer.from_dir(directory / "tokenizer"),
                        source="tiny: 2 random layers (seed 0) with SmolLM2's tokenizer")
