@@ -11,13 +11,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test clean
+.PHONY: serve test fast clean
 
 serve: $(VENV)/.serve-deps
 	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL)
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest
+
+# The inner loop: the tiny model only, no browser, no real-model tests (under a minute or two).
+fast: $(VENV)/.test-deps
+	$(BIN)/python -m pytest -q -m "not browser and not real_model"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

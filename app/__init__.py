@@ -28,10 +28,8 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": None, "max_message_size": 16 * cfg.max_message_bytes}
 
     from . import assets, embeds, live, pages, runtime
-    from .widgets import find_built
 
     runtime.init_app(app, loaded)
-    app.extensions["sendlens_widgets"] = find_built(app.static_folder)
     app.register_blueprint(pages.bp)
     app.register_blueprint(embeds.bp)
     app.register_blueprint(live.bp)
@@ -49,10 +47,12 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
         resp.headers["Referrer-Policy"] = "no-referrer"
         return resp
 
-    from .sections import BADGES
+    from .sections import BADGES, facts
+    from .widgets import BY_NAME
 
     app.jinja_env.filters["inline_links"] = inline_links
-    app.context_processor(lambda: {"badges": BADGES})
+    app.context_processor(lambda: {"badges": BADGES, "built": BY_NAME,
+                                   "facts": facts(app.extensions["sendlens"].facts())})
     return app
 
 

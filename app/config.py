@@ -12,13 +12,15 @@ class ServerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)  # its `model` is set from above
     max_connections: int = 64             # websocket clients at once (a classroom)
     max_requests_per_connection: int = 4  # generate requests in flight per client
-    max_jobs_per_connection: int = 2      # looking-inside jobs (attention ...) in flight per client
+    max_jobs_per_connection: int = 4      # widget jobs (attention, probes, experiments) in flight per client
+    max_queued_jobs: int = 64             # widget jobs in the runner at once, all clients together
+    job_cache_entries: int = 128          # widget results kept by their inputs (a classroom computes once)
     max_messages: int = 200               # messages in one chat transcript
     max_queue: int = 256                  # requests waiting for the engine before "overloaded"
     max_message_bytes: int = 64 * 1024    # one client message (a websocket text frame)
     max_tokens_limit: int = 1024          # the most max_tokens a client may ask for
     default_max_tokens: int = 256         # when a generate request does not say
-    max_inspect_tokens: int = 256         # longest text the looking-inside widgets take
+    max_inspect_tokens: int = 1024        # longest text the looking-inside widgets take (tokens)
     frame_ancestors: str = "*"            # who may put /embed/ pages in an iframe (CSP)
     testing: bool = False
 
@@ -30,7 +32,7 @@ class ServerConfig:
                                    "'self' https://example.org, without ; , or line breaks")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name.startswith("max_") or f.name == "default_max_tokens":
+            if f.name.startswith("max_") or f.name in ("default_max_tokens", "job_cache_entries"):
                 if not is_int(value) or value < 1:
                     raise InvalidParameter(f.name, f"must be a positive integer, got {value!r}")
         if self.default_max_tokens > self.max_tokens_limit:

@@ -1,9 +1,14 @@
-"""The live-data websocket (/ws): one Connection per browser, all feeding the one engine.
+"""The live-data websocket (/ws): transport only. One Connection per browser, all feeding one engine.
 
-Each connection has a reader (the request thread: receives, validates, submits) and a writer
-thread that owns every send, so engine outputs, replies and errors never interleave on the wire.
-The engine loop's thread only puts outputs in the connection's outbox; it never waits on a
-browser. When a browser goes away, its requests are aborted and their KV blocks freed.
+A Connection reads frames, checks the envelope (app/protocol.py), enforces the per-connection
+limits and dispatches each message to the widget that registered its type (app/widgets). A
+writer thread owns every send, so engine outputs, job results and errors never interleave on the
+wire; the engine loop's thread only puts items in the connection's outbox and never waits on a
+browser. When a browser goes away, its requests are aborted (their KV blocks freed) and its jobs
+dropped.
+
+Handlers answer through a Call: `reply` at once, `job` through the job runner, or `generate` for
+a stream of engine outputs. `abort` {id} is the transport's own message: it stops either kind.
 """
 
 import json
@@ -15,12 +20,13 @@ from flask import Blueprint
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from core import probes
 from core.errors import EngineOverloaded, InvalidParameter
 
 from . import protocol
+from .jobs import Event
 from .protocol import ProtocolError
 from .runtime import Runtime, get_runtime
+from .widgets import MESSAGE_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +48,49 @@ def websocket(ws):
         runtime.close_connection()
 
 
+class Call:
+    """One client message being answered: what a widget's handler sees."""
+
+    def __init__(self, conn: "Connection", msg: dict):
+        self.conn = conn
+        self.msg = msg
+        self.id = msg["id"]
+        self.type = msg["type"]
+        self.runtime = conn.runtime
+        self.config = conn.runtime.config
+        self.info = conn.runtime.info
+        self.tokenizer = conn.runtime.engine.tokenizer
+
+    def reply(self, payload: dict, type: str | None = None) -> None:
+        """Answer now: {"type": <this type>, "id": <this id>, **payload}."""
+        self.conn.outbox.put({"type": type or self.type, "id": self.id, **payload})
+
+    def job(self, inputs: dict, work) -> None:
+        """Answer with work(engine)'s result, computed by the job runner between serving steps
+        (cached by this message type and `inputs`, which must determine the result)."""
+        self.conn.start_job(self, inputs, work)
+
+    def generate(self, seq, format_output, accepted: dict) -> None:
+        """Stream a prepared engine sequence: first `accepted` (a reply of that type), then
+        format_output(id, out) -> the messages for each engine output."""
+        self.conn.start_request(self, seq, format_output, {"type": "accepted", "id": self.id, **accepted})
+
+
 class Connection:
     def __init__(self, ws, runtime: Runtime):
         self.ws = ws
         self.runtime = runtime
         self.config = runtime.config
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.inflight: dict[object, str] = {}  # client id -> engine request id
-        self.jobs = 0                          # looking-inside jobs in flight
+        self.requests: dict[object, str] = {}  # client id -> engine request id
+        self.jobs: set[object] = set()         # client ids of jobs in flight
         self.lock = threading.Lock()
         self.writer = threading.Thread(target=self._write, name="sendlens-ws-writer", daemon=True)
 
     # -- reading (the request thread) --------------------------------------------------------
     def serve(self) -> None:
         self.writer.start()
-        self.outbox.put({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, **self.runtime.model_info()})
+        self.outbox.put({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, **self.runtime.hello()})
         try:
             while True:
                 raw = self.ws.receive()
@@ -64,7 +98,7 @@ class Connection:
                     continue
                 msg = None
                 try:
-                    msg = protocol.parse(raw, self.config)
+                    msg = protocol.parse(raw, self.config, MESSAGE_TYPES)
                     self.handle(msg)
                 except ProtocolError as exc:
                     self.outbox.put(exc.as_message())
@@ -75,86 +109,77 @@ class Connection:
         except ConnectionClosed:
             pass
         finally:
-            with self.lock:
-                leftover = list(self.inflight.values())
-                self.inflight.clear()
-            for request_id in leftover:
-                self.runtime.loop.abort(request_id)
-            self.outbox.put(None)
-            self.writer.join(timeout=5)
+            self.close()
+
+    def close(self) -> None:
+        with self.lock:
+            leftover = list(self.requests.values())
+            self.requests.clear()
+            self.jobs.clear()
+        for request_id in leftover:
+            self.runtime.loop.abort(request_id)
+        self.runtime.jobs.cancel_owner(self)
+        self.outbox.put(None)
+        self.writer.join(timeout=5)
 
     def handle(self, msg: dict) -> None:
         mid = msg["id"]
         try:
-            getattr(self, "on_" + msg["type"])(mid, msg)
+            if msg["type"] == "abort":
+                return self.abort(mid)
+            with self.lock:
+                if mid in self.requests or mid in self.jobs:
+                    raise ProtocolError("invalid_request", f"a request with id {mid!r} is still running", "id")
+            MESSAGE_TYPES[msg["type"]].handle(Call(self, msg))
         except ProtocolError as exc:
             exc.id = mid
             raise
         except (InvalidParameter, EngineOverloaded) as exc:
             raise ProtocolError.from_exception(exc, mid) from None
 
-    def on_generate(self, mid, msg) -> None:
+    def abort(self, mid) -> None:
         with self.lock:
-            if mid in self.inflight:
-                raise ProtocolError("invalid_request", f"a request with id {mid!r} is still running", "id")
-            if len(self.inflight) >= self.config.max_requests_per_connection:
+            request_id = self.requests.get(mid)
+            is_job = mid in self.jobs
+            self.jobs.discard(mid)
+        if request_id is not None:
+            self.runtime.loop.abort(request_id)      # the stream ends with done, finish_reason abort
+        elif is_job:
+            self.runtime.jobs.cancel(self, mid)
+            self.outbox.put(ProtocolError("aborted", "the job was aborted", None, mid).as_message())
+        else:
+            raise ProtocolError("invalid_request", f"no running request has id {mid!r}", "id")
+
+    def start_job(self, call: Call, inputs: dict, work) -> None:
+        mid, kind = call.id, call.type
+        with self.lock:
+            if len(self.jobs) >= self.config.max_jobs_per_connection:
+                raise ProtocolError("overloaded", f"{self.config.max_jobs_per_connection} jobs are already "
+                                                  "running on this connection (max_jobs_per_connection)",
+                                    "connection")
+            self.jobs.add(mid)
+
+        def subscriber(event: Event) -> None:  # on the engine loop's thread: only queue it
+            self.outbox.put(("job", mid, kind, event))
+
+        runner = self.runtime.jobs
+        try:
+            runner.submit(self, mid, runner.key(kind, inputs), work, subscriber)
+        except Exception:
+            with self.lock:
+                self.jobs.discard(mid)
+            raise
+
+    def start_request(self, call: Call, seq, format_output, accepted: dict) -> None:
+        mid = call.id
+        with self.lock:
+            if len(self.requests) >= self.config.max_requests_per_connection:
                 raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
                                                   "running on this connection (max_requests_per_connection)",
                                     "connection")
-        prompt, messages = protocol.generate_prompt(msg, self.config)
-        params = protocol.sampling_params(msg, self.config)
-        engine = self.runtime.engine
-        if messages is not None:
-            prompt = engine.tokenizer.apply_chat_template(messages)
-        seq = self.runtime.loop.prepare(prompt, params)
-        with self.lock:
-            self.inflight[mid] = seq.request_id
-        self.outbox.put({"type": "accepted", "id": mid, "prompt_tokens": seq.num_prompt_tokens,
-                         "max_tokens": params.max_tokens, "context_window": engine.max_model_len})
-        self.runtime.loop.enqueue(seq, lambda out: self.outbox.put(("output", mid, out)))
-
-    def on_abort(self, mid, msg) -> None:
-        with self.lock:
-            request_id = self.inflight.get(mid)
-        if request_id is None:
-            raise ProtocolError("invalid_request", f"no running request has id {mid!r}", "id")
-        self.runtime.loop.abort(request_id)
-
-    def on_attention(self, mid, msg) -> None:
-        for name in ("text", "layer", "head"):
-            if name not in msg:
-                raise ProtocolError("invalid_request", f"{name} is required", name)
-        limit = self.config.max_inspect_tokens
-        self._job(mid, lambda engine: _attention(engine, msg["text"], msg["layer"], msg["head"], limit),
-                  lambda r: {"type": "attention", "id": mid, "layer": msg["layer"], "head": msg["head"], **r})
-
-    def on_template(self, mid, msg) -> None:
-        messages = protocol.chat_messages(msg, self.config)
-        engine = self.runtime.engine
-        rendered = engine.tokenizer.render_chat(messages)
-        self.outbox.put(protocol.template_message(mid, rendered, engine.max_model_len))
-
-    def _job(self, mid, fn, shape) -> None:
-        """Run fn(engine) on the engine's thread (one job per step) and reply with shape(result)."""
-        with self.lock:
-            if self.jobs >= self.config.max_jobs_per_connection:
-                raise ProtocolError("overloaded", f"{self.config.max_jobs_per_connection} requests to look inside "
-                                                  "the model are already running on this connection "
-                                                  "(max_jobs_per_connection)", "connection")
-            self.jobs += 1
-        self.runtime.loop.call(fn).add_done_callback(lambda f: self._reply(mid, f, shape))
-
-    def _reply(self, mid, future, shape) -> None:
-        with self.lock:
-            self.jobs -= 1
-        exc = future.exception()
-        if exc is None:
-            self.outbox.put(shape(future.result()))
-        elif hasattr(exc, "code"):
-            self.outbox.put(ProtocolError.from_exception(exc, mid).as_message())
-        else:
-            log.error("job for %r failed", mid, exc_info=exc)
-            self.outbox.put(ProtocolError("internal_error", "the server failed to compute this", None, mid).as_message())
+            self.requests[mid] = seq.request_id
+        self.outbox.put(accepted)  # before any output can be queued
+        self.runtime.loop.enqueue(seq, lambda out: self.outbox.put(("output", mid, format_output, out)))
 
     # -- writing (the writer thread) ---------------------------------------------------------
     def _write(self) -> None:
@@ -176,32 +201,28 @@ class Connection:
                 return
 
     def _messages(self, item) -> list[dict]:
-        if not isinstance(item, tuple):
+        if isinstance(item, dict):
             return [item]
-        _, mid, out = item
+        if item[0] == "job":
+            return self._job_messages(*item[1:])
+        _, mid, format_output, out = item
         if out.finished:
             with self.lock:
-                self.inflight.pop(mid, None)
-        messages = []
-        if out.new_token_ids:
-            messages.append(protocol.token_message(mid, out))
-        if out.error:
-            messages.append(ProtocolError("internal_error", out.error, None, mid).as_message())
-        elif out.finished:
-            messages.append(protocol.done_message(mid, out, self.runtime.engine.tokenizer))
-        return messages
+                self.requests.pop(mid, None)
+        return format_output(mid, out)
 
-
-def _attention(engine, text, layer, head, limit):  # temporary: moves to app/widgets/attention.py
-    cfg = engine.model_config
-    probes.check_index("layer", layer, cfg.num_layers)
-    probes.check_index("head", head, cfg.num_heads)
-    if not isinstance(text, str) or not text:
-        raise InvalidParameter("text", "must be a non-empty string")
-    ids = engine.tokenizer.encode(text)
-    if len(ids) > limit:
-        raise InvalidParameter("text", f"is {len(ids)} tokens; the most this view takes is {limit}")
-    rec = [r for r in probes.layers(engine.model, ids, {layer}) if r.layer == layer][0]
-    return {"token_ids": ids, "tokens": engine.tokenizer.token_texts(ids),
-            "weights": [[round(w, 6) for w in row] for row in rec.attention[head].tolist()],
-            "kv_head": head // (cfg.num_heads // cfg.num_kv_heads)}
+    def _job_messages(self, mid, kind, event: Event) -> list[dict]:
+        with self.lock:
+            if mid not in self.jobs:     # aborted, or the connection is closing
+                return []
+            if event.kind != "progress":
+                self.jobs.discard(mid)
+        if event.kind == "progress":
+            p = event.progress
+            return [{"type": "progress", "id": mid, "done": p.done, "total": p.total, "note": p.note}]
+        if event.kind == "result":
+            return [{"type": kind, "id": mid, **event.result}]
+        exc = event.error
+        if hasattr(exc, "code"):
+            return [ProtocolError.from_exception(exc, mid).as_message()]
+        return [ProtocolError("internal_error", "the server failed to compute this", None, mid).as_message()]

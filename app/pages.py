@@ -4,7 +4,6 @@ from flask import Blueprint, jsonify, render_template, request
 
 from .runtime import get_runtime
 from .sections import SECTIONS
-from .widgets import built_widgets
 
 bp = Blueprint("pages", __name__)
 
@@ -12,22 +11,24 @@ bp = Blueprint("pages", __name__)
 @bp.get("/")
 def index():
     runtime = get_runtime()
-    return render_template("index.html", sections=SECTIONS, built=built_widgets(),
-                           info=runtime.model_info(), origin=request.host_url.rstrip("/"))
+    return render_template("index.html", sections=SECTIONS, info=runtime.facts(),
+                           origin=request.host_url.rstrip("/"))
 
 
 @bp.get("/healthz")
 def healthz():
     runtime = get_runtime()
-    engine = runtime.engine
-    kv = engine.kv_stats()
+    stats = runtime.loop.stats()
+    kv = stats["kv"]
+    alive = runtime.loop.alive
     return jsonify({
-        "status": "ok" if runtime.loop.alive else "engine_stopped",
+        "status": "ok" if alive else "engine_stopped",
         "model": runtime.config.model,
         "kv": {"total_blocks": kv["total_blocks"], "free_blocks": kv["free_blocks"],
                "cached_blocks": kv["cached_blocks"], "block_size": kv["block_size"]},
-        "running": len(engine.scheduler.running),
-        "waiting": len(engine.scheduler.waiting),
+        "running": stats["running"],
+        "waiting": stats["waiting"],
         "connections": runtime.num_connections,
-        "steps": engine.num_steps,
-    }), 200 if runtime.loop.alive else 503
+        "steps": stats["steps"],
+        "jobs": runtime.jobs.stats(),
+    }), 200 if alive else 503

@@ -26,17 +26,17 @@ class Section:
 
 SECTIONS: tuple[Section, ...] = (
     Section(1, "chat", "What happens when you press Send", ("chat",), ("live", "measured"),
-            "A real chat with SmolLM2-135M-Instruct: your messages as its chat template serializes them, the "
-            "token count against the 8,192-token window, the answer streaming with its TTFT and TPOT, why it "
+            "A real chat with {model_label}: your messages as its chat template serializes them, the "
+            "token count against the {context_window:,}-token window, the answer streaming with its TTFT and TPOT, why it "
             "stopped, and a timeline of the request from the engine's own timestamps.",
             ("Pressing Send does not send only your new message. The app takes the whole conversation so far, "
              "wraps each message in markers that say who is speaking, and joins it all into one text. This "
-             "recipe is the model's chat template. SmolLM2's marks each turn with special tokens such as "
+             "recipe is the model's chat template. SmolLM2's template marks each turn with special tokens such as "
              "<|im_start|> and <|im_end|>, and adds a default system message if you gave none. The model is then "
              "asked to continue that text.",
              "The model reads text as tokens: small pieces, often a word or part of one, each with a number (the "
              "[tokens](#tokenizer) section shows them). Prompt and answer together must fit in the context "
-             "window, the most tokens the model can take into account at once: 8,192 for SmolLM2-135M. The "
+             "window, the most tokens the model can take into account at once: {context_window:,} for {model_label} on this server. The "
              "counter beside the chat shows how much of it this conversation already uses.",
              "The answer arrives one token at a time. Two numbers describe the wait: time to first token (TTFT), "
              "from Send until the first piece appears, and time per output token (TPOT), the average gap between "
@@ -48,11 +48,11 @@ SECTIONS: tuple[Section, ...] = (
              "from it. The timeline marks when the request waited, when its prompt was processed, and each step "
              "that produced a token.")),
     Section(2, "tokenizer", "Tokens", ("tokenizer",), ("live",),
-            "Type any text and see the real subword pieces SmolLM2's tokenizer cuts it into, with their IDs, "
+            "Type any text and see the real subword pieces the model's tokenizer cuts it into, with their IDs, "
             "whitespace made visible, special tokens marked, and the count of words against tokens.",
             ("A language model never sees letters or words. A tokenizer first cuts the text into tokens, pieces "
              "taken from a fixed vocabulary, and replaces each by its ID, a whole number. SmolLM2's vocabulary "
-             "has 49,152 pieces, learned from its training text: frequent words get a piece of their own, while "
+             "has {vocab_size:,} pieces, learned from its training text: frequent words get a piece of their own, while "
              "rare words, names and long numbers are built from several smaller pieces.",
              "Whitespace belongs to the pieces. A word that follows a space usually becomes one token that "
              "includes the space, so the word cat after a space and cat at the very start of the text are two "
@@ -63,20 +63,20 @@ SECTIONS: tuple[Section, ...] = (
              "in tokens, not words: the context window, the time to answer, the price of a hosted model. That is "
              "why the widget shows both counts.")),
     Section(3, "embedding", "Embeddings", ("embedding",), ("live",),
-            "Pick a token and see its real row of SmolLM2's embedding table drawn as a strip of 576 values, with "
+            "Pick a token and see its real row of the model's embedding table drawn as a strip of {hidden_size} values, with "
             "the tokens whose rows point in the most similar directions.",
             ("The model's first step is a lookup. Its embedding table has one row for every piece of the "
-             "vocabulary: 49,152 rows of 576 numbers each. A token's ID simply selects its row; nothing is "
-             "multiplied. That row becomes the token's starting vector, the list of 576 numbers that the rest of "
+             "vocabulary: {vocab_size:,} rows of {hidden_size} numbers each. A token's ID simply selects its row; nothing is "
+             "multiplied. That row becomes the token's starting vector, the list of {hidden_size} numbers that the rest of "
              "the model reads and refines.",
              "The numbers were set during training, so tokens used in similar ways end up with rows that point "
              "in similar directions. Cosine similarity measures this: the cosine of the angle between two rows, "
              "1 when they point the same way and near 0 when they are unrelated. A token's nearest neighbours "
              "are often the same word with other capitals or spacing, or words of the same kind.",
              "SmolLM2 uses the same table again at the very end. A token's final vector is compared with every "
-             "row, and the resulting 49,152 scores, called logits, say how strongly the model favours each token "
-             "as the next one. Sharing one table this way, known as tied embeddings, saves about 28 million "
-             "parameters, a fifth of the model.")),
+             "row, and the resulting {vocab_size:,} scores, called logits, say how strongly the model favours each token "
+             "as the next one. Sharing one table this way, known as tied embeddings, saves {embedding_params_m:.1f} million "
+             "parameters, {embedding_share} of this model.")),
     Section(4, "positions", "Positions", ("positions",), ("live", "computed"),
             "Real query and key vectors rotated by RoPE: the dimension pairs turning at several speeds for the "
             "same token at position 5 and at position 500, and a check that the attention score depends only on "
@@ -85,40 +85,40 @@ SECTIONS: tuple[Section, ...] = (
              "that comparison carries no sense of order: it cannot tell whether a word came third or "
              "three-hundredth. Position has to be written into the vectors, and SmolLM2 does it with rotary "
              "position embedding, RoPE.",
-             "RoPE treats the 64 numbers of each query and key as 32 pairs, like 32 clock hands, and turns each "
+             "RoPE treats the {head_dim} numbers of each query and key as {rope_pairs} pairs, like {rope_pairs} clock hands, and turns each "
              "pair by an angle proportional to the token's position. The first pair turns one radian per "
              "position; each later pair turns more slowly, down to the last, which needs several hundred "
-             "thousand positions to go round once. The base that sets this slowdown, theta, is 100,000 in "
-             "SmolLM2.",
+             "thousand positions to go round once. The base that sets this slowdown, theta, is {rope_theta:,.0f} in "
+             "{model_label}.",
              "When a query and a key are both turned, their dot product (the sum of the products of matching "
              "numbers) depends only on the difference between their angles, so on the distance between the two "
              "tokens, not on where they sit. The widget tests this on the model's real vectors: a query and a "
              "key placed the same distance apart give the same score near the start of a text and hundreds of "
              "tokens later, up to rounding.")),
     Section(5, "block", "The transformer block", ("block",), ("live",),
-            "SmolLM2's 30 blocks as a stack, with live per-layer figures for your prompt (size of the residual "
-            "stream, spread of attention, size of each MLP update) and its grouped-query attention drawn as 9 "
-            "query heads sharing 3 key-value heads.",
-            ("After the lookup, each token's vector passes through 30 blocks that share one design but have "
-             "their own learned weights. The vector flowing through them is called the residual stream: 576 "
+            "{model_label}'s {num_layers} blocks as a stack, with live per-layer figures for your prompt (size of the residual "
+            "stream, spread of attention, size of each MLP update) and its grouped-query attention drawn as {num_heads} "
+            "query heads sharing {num_kv_heads} key-value heads.",
+            ("After the lookup, each token's vector passes through {num_layers} blocks that share one design but have "
+             "their own learned weights. The vector flowing through them is called the residual stream: {hidden_size} "
              "numbers per token. A block does not replace it; it computes a correction and adds it on. After the "
              "last block, a final normalization and the embedding table turn the stream into logits.",
              "Each block has two parts. Attention lets a token gather information from the tokens before it. The "
-             "MLP, a small feed-forward network, then works on each token alone: it widens the 576 numbers to "
-             "1,536 through a gated layer called SwiGLU and narrows them back. Before each part, RMSNorm "
+             "MLP, a small feed-forward network, then works on each token alone: it widens the {hidden_size} numbers to "
+             "{intermediate_size:,} through a gated layer called SwiGLU and narrows them back. Before each part, RMSNorm "
              "rescales the vector to a steady size, so no part is swamped by large values.",
-             "SmolLM2 uses grouped-query attention: 9 query heads but only 3 key-value heads, each shared by "
-             "three query heads. Queries are used once and dropped, while keys and values are stored for every "
-             "past token, so sharing them cuts that stored memory to a third of what 9 full heads would need "
+             "{model_label} uses grouped-query attention: {num_heads} query heads but only {num_kv_heads} key-value heads, each shared by "
+             "{group} query heads. Queries are used once and dropped, while keys and values are stored for every "
+             "past token, so sharing them cuts that stored memory to 1/{group} of what {num_heads} full heads would need "
              "(see [KV memory](#kv-memory)).",
              "The live figures come from running your prompt through the model. For each layer they show how "
              "large the residual stream has grown, how spread out attention is (its entropy: high when a head "
              "looks at many tokens, low when it fixes on one), and how big the MLP's correction is.")),
     Section(6, "attention", "Attention", ("attention",), ("live",),
-            "Real attention weights of SmolLM2 for your text in any layer and head: click a token to see how its "
-            "attention is divided among the tokens before it, with the causal mask visible and all 9 heads of a "
+            "Real attention weights of {model_label} for your text in any layer and head: click a token to see how its "
+            "attention is divided among the tokens before it, with the causal mask visible and all {num_heads} heads of a "
             "layer side by side.",
-            ("In every head, each token derives three vectors of 64 numbers from its residual stream: a query, "
+            ("In every head, each token derives three vectors of {head_dim} numbers from its residual stream: a query, "
              "what it is looking for; a key, what it offers; and a value, what it passes on. Its query is "
              "compared with the key of every visible token by a dot product. Softmax turns those scores into "
              "weights that are positive and add up to one, and the head's output is the weighted mix of the "
@@ -128,14 +128,14 @@ SECTIONS: tuple[Section, ...] = (
              "computed, later tokens never change them. The [KV cache](#kv-cache) is built on that fact.",
              "Heads specialize. You will usually find heads that look mostly at the previous token, heads that "
              "park most of their weight on the first token when nothing else is relevant, and heads that pick "
-             "out an earlier word related to the current one. The small multiples show all 9 heads of a layer; "
-             "each group of three reads the same keys and values but asks different questions.")),
+             "out an earlier word related to the current one. The small multiples show all {num_heads} heads of a layer; "
+             "each group of {group} reads the same keys and values but asks different questions.")),
     Section(7, "generation", "Prefill once, decode one token at a time", ("generation",), ("live",),
             "Step through a real generation: one prefill pass, then a decode step per click, with the most "
             "likely next tokens and their probabilities from the real logits, reshaped live by temperature, "
             "top-k and top-p, and the KV cache growing by one token each step.",
             ("Generation is a loop. First the whole prompt goes through the model in one pass, called prefill, "
-             "which yields logits for the token that should come next. Softmax turns those 49,152 scores into "
+             "which yields logits for the token that should come next. Softmax turns those {vocab_size:,} scores into "
              "probabilities, one token is chosen and appended, and the model runs again on that single new "
              "token. Each such pass is a decode step, and the loop ends at an end token or a length limit.",
              "How the token is chosen is up to the caller. Greedy decoding always takes the most likely one. "
@@ -182,27 +182,27 @@ SECTIONS: tuple[Section, ...] = (
             "with presets from SmolLM2-135M to DeepSeek-V3, and the SmolLM2 figure checked against the live "
             "engine's own KV pool.",
             ("The size of the cache follows from the model's shape. Per token it holds 2 (a key and a value) x "
-             "layers x KV heads x head size numbers. For SmolLM2-135M that is 2 x 30 x 3 x 64 = 11,520 numbers, "
-             "or 46,080 bytes at 4 bytes each (fp32, the format sendlens' engine uses). A full 8,192-token "
-             "context takes about 377 MB, against about 540 MB for the weights themselves.",
+             "layers x KV heads x head size numbers. For {model_label} that is 2 x {num_layers} x {num_kv_heads} x {head_dim} = {kv_values_per_token:,} numbers, "
+             "or {kv_bytes_per_token:,} bytes as this server's engine stores them. A full {context_window:,}-token "
+             "context takes about {kv_context_mb:,.0f} MB, against about {weights_mb:,.0f} MB for the weights themselves.",
              "Every running request needs a cache of its own, while the weights are shared by all. So on a "
              "serving machine it is often KV memory, not the weights, that limits how many conversations run "
              "together, and models are designed to shrink it. Fewer bytes per number help, and so does sharing "
-             "key-value heads, as SmolLM2's 3 do for its 9 query heads.",
+             "key-value heads, as {model_label}'s {num_kv_heads} do for its {num_heads} query heads.",
              "DeepSeek-V3 goes further with multi-head latent attention (MLA): per layer and token it stores a "
              "512-number compressed latent and a 64-number key for position, 576 in all, and rebuilds every "
              "head's keys and values from them. The presets let you compare models; the SmolLM2 line is checked "
              "against the bytes the live engine actually set aside for its pool.")),
     Section(11, "paging", "Paged KV", ("paging",), ("live", "computed"),
-            "The live engine's block tables: which 16-token blocks of the KV pool each running request holds, "
+            "The live engine's block tables: which {block_size}-token blocks of the KV pool each running request holds, "
             "which are free, which are shared by a common prefix and by how many requests, and what reserving "
             "one contiguous stretch per request would waste for the same requests.",
             ("When a request starts, nobody knows how long its answer will be. Reserving one contiguous stretch "
              "of memory for the longest possible answer wastes most of it: a short reply sits on room for "
              "thousands of tokens it never writes, and fewer requests fit at once.",
-             "sendlens does what vLLM's PagedAttention does. The KV pool is cut into blocks of 16 token slots, "
+             "sendlens does what vLLM's PagedAttention does. The KV pool is cut into blocks of {block_size} token slots, "
              "and each request keeps a block table: the list of physical blocks that hold its tokens, in order. "
-             "A new block is taken only when the last one is full, so at most 15 slots per request lie empty, "
+             "A new block is taken only when the last one is full, so at most {block_size_minus_one} slots per request lie empty, "
              "and the blocks need not sit side by side, much like pages of memory in an operating system.",
              "Blocks can be shared. Requests that begin with the same tokens point at the same physical blocks, "
              "and a reference count records how many requests use each one; a block returns to the free list "
@@ -418,6 +418,22 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 _BY_WIDGET = {name: section for section in SECTIONS for name in section.widgets}
+
+
+def facts(info: dict) -> dict:
+    """The running model's figures for the prose's {placeholders}, from the engine's info()."""
+    real = info["model"] == "smollm2-135m"
+    embedding = info["vocab_size"] * info["hidden_size"]
+    return {**info,
+            "model_label": "SmolLM2-135M-Instruct" if real else f"the {info['model']} model",
+            "group": info["num_heads"] // info["num_kv_heads"],
+            "rope_pairs": info["head_dim"] // 2,
+            "kv_values_per_token": 2 * info["num_layers"] * info["num_kv_heads"] * info["head_dim"],
+            "kv_context_mb": info["kv_bytes_per_token"] * info["context_window"] / 1e6,
+            "weights_mb": info["num_params"] * info.get("bytes_per_weight", 4) / 1e6,
+            "embedding_params_m": embedding / 1e6,
+            "embedding_share": f"{embedding / info['num_params']:.0%}",
+            "block_size_minus_one": info["block_size"] - 1}
 
 
 def by_widget(name: str) -> Section | None:

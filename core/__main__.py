@@ -14,7 +14,8 @@ from .sampling_params import SamplingParams
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="a name from toy_models (default: smollm2-135m)")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=SamplingParams.max_tokens,
+                   help=f"default: {SamplingParams.max_tokens}, SamplingParams' own default")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -3,12 +3,13 @@
 A probe runs one uncached forward pass over a short text, one block at a time, and records what
 the widgets draw: each layer's rotated queries and keys, its attention weights, and the sizes of
 the updates the attention and the MLP add to the residual stream (the "residual stream" view of
-Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"). It reads the model only
-through hooks on its modules (TransformerLens' hook points, done with torch's own
-register_forward_hook), so core/model.py has no code for it.
+Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"). It calls the model's own
+modules, block by block, and reads the queries and keys with a forward hook on each block's q/k/v
+projection (TransformerLens' hook points, done with torch's register_forward_hook), so
+core/model.py has no code for it.
 
-`layers()` is a generator that yields after each block, so the web app can run a long probe in
-slices between serving steps and never stall a chat by more than one slice. Attention weights are
+`slices()` is a generator that pauses after each small piece of work, so the web app can run a
+long probe between serving steps and never stall a chat by more than one slice. Attention weights are
 recomputed from the hooked q and k with the engine's own `attend` (the same function the forward
 uses), so they are the model's weights, not an approximation.
 """
@@ -45,28 +46,28 @@ def check_index(name: str, value, size: int) -> int:
 
 
 @contextmanager
-def _hooks(block):
-    """Capture the outputs of a block's qkv projection, attention and MLP while it runs."""
+def _qkv_hook(block):
+    """Capture the output of a block's fused q/k/v projection while the block runs."""
     seen: dict[str, torch.Tensor] = {}
 
-    def keep(name):
-        def hook(module, args, output):
-            seen[name] = output
-        return hook
+    def keep(module, args, output):
+        seen["qkv"] = output
 
-    handles = [block.attn.qkv_proj.register_forward_hook(keep("qkv")),
-               block.attn.register_forward_hook(keep("attn")),
-               block.mlp.register_forward_hook(keep("mlp"))]
+    handle = block.attn.qkv_proj.register_forward_hook(keep)
     try:
         yield seen
     finally:
-        for h in handles:
-            h.remove()
+        handle.remove()
+
+
+MLP_ROWS = 256  # the MLP runs over at most this many tokens per slice (it is per token, so exact)
 
 
 @torch.inference_mode()
-def layers(model: Transformer, ids: list[int], attention: bool | set[int] = False):
-    """Run `ids` through the model one block per iteration, yielding a LayerRecord for each.
+def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False):
+    """Run `ids` through the model in small slices: yields None after each slice of work and a
+    LayerRecord when a block is done. A slice is a block's attention, its attention weights, or
+    up to MLP_ROWS tokens of its MLP, so a caller can pause between slices for serving steps.
 
     attention: True for every layer's weights, a set of layer indices for some, False for none.
     """
@@ -77,18 +78,32 @@ def layers(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))  # (T, C)
     for i, block in enumerate(model.layers):
-        with _hooks(block) as seen:
-            x = block(x, positions, model.rotary)
+        # the block's two residual updates, as Block.forward adds them
+        with _qkv_hook(block) as seen:
+            a = block.attn(block.attn_norm(x), positions, model.rotary, None)   # (T, C)
+        x = x + a
+        yield None
         q_raw, k_raw, v = seen["qkv"].split([H * D, Hkv * D, Hkv * D], dim=-1)
         q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
         q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
         weights = None
         if attention is True or (attention and i in attention):
-            _, weights = attend(q[None], k[None], v[None], mask[None])  # (1, H, T, T)
+            _, weights = attend(q[None], k[None], v[None], mask[None])          # (1, H, T, T)
             weights = weights[0]
+            yield None
+        h = block.mlp_norm(x)
+        m = torch.empty_like(x)
+        for start in range(0, T, MLP_ROWS):
+            m[start:start + MLP_ROWS] = block.mlp(h[start:start + MLP_ROWS])   # (rows, C)
+            yield None
+        x = x + m
         yield LayerRecord(layer=i, q=q, k=k, q_raw=q_raw, k_raw=k_raw, attention=weights,
-                          attn_update=seen["attn"].norm(dim=-1), mlp_update=seen["mlp"].norm(dim=-1),
-                          residual=x.norm(dim=-1))
+                          attn_update=a.norm(dim=-1), mlp_update=m.norm(dim=-1), residual=x.norm(dim=-1))
+
+
+def layers(model: Transformer, ids: list[int], attention: bool | set[int] = False):
+    """Like `slices`, yielding only the LayerRecords."""
+    return (r for r in slices(model, ids, attention) if r is not None)
 
 
 def run(model: Transformer, ids: list[int], attention: bool | set[int] = False) -> list[LayerRecord]:

@@ -3,8 +3,16 @@
 Markers: `real_model` (smollm2-135m), `browser` (Chromium against a live server).
 """
 
+import json
 import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -146,3 +154,146 @@ def _assert_pool_clean(engine):
 def assert_pool_clean():
     """A check to call at the end of a test: the engine gave every block and slot back."""
     return _assert_pool_clean
+
+
+# ---- the real server in Chromium (browser tests) -----------------------------------------------
+CHROMIUM = Path(os.environ.get("SENDLENS_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+BAD_WORDS = re.compile(r"\bundefined\b|\bNaN\b|\[object Object\]")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)
+
+
+@pytest.fixture(scope="session")
+def server(artifacts_dir):
+    """`python -m app` on a free port with the real model; stopped at the end of the session."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = artifacts_dir / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port), "--model", "smollm2-135m"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 90  # the first run converts the model
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if get_json(base + "/healthz")["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not answer /healthz in 90 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield SimpleNamespace(base=base, port=port, proc=proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():  # `make test` installs it; a missing browser must not pass quietly
+        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium package (make test does)")
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+    finally:
+        pw.stop()
+
+
+class Page:
+    """A page whose console errors, page errors, websockets and outside requests are recorded."""
+
+    def __init__(self, context, server):
+        self.server = server
+        self.console_errors: list[str] = []
+        self.page_errors: list[str] = []
+        self.blocked: list[str] = []
+        self.sockets: list[str] = []
+        context.route("**/*", self._route)
+        self.page = page = context.new_page()
+        page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
+        page.on("websocket", lambda ws: self.sockets.append(ws.url))
+        page.set_default_timeout(30_000)
+
+    def _route(self, route):
+        url = route.request.url
+        if url == self.server.base or url.startswith(self.server.base + "/"):
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort()
+
+    def goto(self, path: str):
+        return self.page.goto(self.server.base + path)
+
+    def assert_clean(self):
+        assert self.console_errors == [], self.console_errors
+        assert self.page_errors == [], self.page_errors
+        assert self.blocked == [], f"requests outside the server: {self.blocked}"
+        ws_base = f"ws://127.0.0.1:{self.server.port}/"
+        assert all(u.startswith(ws_base) for u in self.sockets), self.sockets
+        text = self.page.inner_text("body")
+        assert not BAD_WORDS.search(text), BAD_WORDS.search(text).group(0)
+
+
+@pytest.fixture
+def pg(browser, server):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield Page(context, server)
+    finally:
+        context.close()
+
+
+def wait_ready(page, selector: str, timeout: float = 60_000):
+    page.wait_for_selector(f'{selector}[data-state="ready"]', timeout=timeout)
+
+
+
+
+def figure_value(page, key: str, root: str = "") -> float:
+    """The raw number of a badged figure: data-value of [data-figure=key]."""
+    return float(page.get_attribute(f'{root} [data-figure="{key}"]'.strip(), "data-value"))
+
+
+def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: float = 90_000) -> None:
+    """Screenshots a person looks at: the widget at 1280x800 on its embed page, and in a 600x450
+    iframe on a page of another site (about:blank here). Both must reach ready, cleanly."""
+    page = pg.page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    pg.goto(f"/embed/{name}{query}")
+    wait_ready(page, f'[data-widget="{name}"]', ready_timeout)
+    page.screenshot(path=str(artifacts_dir / f"{name}-1280.png"))
+    pg.assert_clean()
+    src = f"{pg.server.base}/embed/{name}{query}"
+    page.set_content(f'<iframe src="{src}" width="600" height="450" style="border:1px solid #ccc"></iframe>')
+    frame = page.frame_locator("iframe")
+    frame.locator(f'[data-widget="{name}"][data-state="ready"]').wait_for(timeout=ready_timeout)
+    page.locator("iframe").screenshot(path=str(artifacts_dir / f"{name}-iframe-600x450.png"))
+    overflow = page.frames[1].evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{name} scrolls sideways by {overflow}px in a 600 px frame"
+    assert pg.console_errors == [] and pg.page_errors == [], (pg.console_errors, pg.page_errors)

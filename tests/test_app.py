@@ -12,8 +12,8 @@ from markupsafe import Markup
 
 from app import ROOT, create_app, inline_links
 from app.config import ServerConfig
-from app.sections import BADGES, SECTIONS
-from app.widgets import NAMES, find_built
+from app.sections import BADGES, SECTIONS, facts
+from app.widgets import BY_NAME
 from core.errors import InvalidParameter
 
 # The contract of /work/shared/OUTLINE.md: (number, section title, widget names), in page order.
@@ -43,7 +43,7 @@ OUTLINE = [
     (23, "The mental model to keep", ()),
 ]
 OUTLINE_NAMES = [name for _, _, widgets in OUTLINE for name in widgets]
-BUILT = find_built(ROOT / "static")
+BUILT = set(BY_NAME)
 UNBUILT = [name for name in OUTLINE_NAMES if name not in BUILT]
 
 TEST_SETTINGS = {"model": "tiny", "num_kv_blocks": 64, "testing": True}
@@ -171,7 +171,7 @@ def test_app_sections_follow_the_outline():
     slugs = [s.slug for s in SECTIONS]
     assert len(set(slugs)) == len(slugs) == 23
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", s) for s in slugs)
-    assert list(NAMES) == OUTLINE_NAMES
+    assert [n for s in SECTIONS for n in s.widgets] == OUTLINE_NAMES
     for s in SECTIONS:
         assert set(s.badges) <= set(BADGES)
         assert s.prose and all(p.strip() for p in s.prose)
@@ -223,7 +223,6 @@ def test_index_badges_explain_every_source(index):
 
 
 def test_index_built_widgets_have_an_embed_snippet(index, app):
-    assert BUILT == app.extensions["sendlens_widgets"]
     assert "chat" in BUILT
     _, doc = index
     for name in BUILT:
@@ -243,7 +242,7 @@ def test_index_built_widgets_have_an_embed_snippet(index, app):
         assert frame.find("button", class_="copy-snippet") is not None
 
 
-def test_index_coming_panels_for_unbuilt_widgets(index):
+def test_index_coming_panels_for_unbuilt_widgets(index, app):
     _, doc = index
     panels = doc.find_all("figure", class_="coming")
     assert [p.attrs["data-coming"] for p in panels] == UNBUILT
@@ -253,7 +252,8 @@ def test_index_coming_panels_for_unbuilt_widgets(index):
         section = next(a for a in panel.ancestors() if a.tag == "section")
         assert section.attrs["id"] == spec.slug
         assert name in panel.text()
-        assert " ".join(spec.summary.split()) in " ".join(panel.text().split())
+        summary = spec.summary.format_map(facts(app.extensions["sendlens"].facts()))
+        assert " ".join(summary.split()) in " ".join(panel.text().split())
         keys = [b.attrs["class"].split()[1].removeprefix("badge-") for b in panel.find_all("span", class_="badge")]
         assert keys == list(spec.badges)
         assert panel.find("div", data_widget=name) is None
@@ -289,7 +289,8 @@ def test_embed_chat_is_frameable_by_anyone(client):
     roots = doc.find_all(data_widget="chat")
     assert len(roots) == 1
     assert roots[0].attrs["data-state"] == "loading"
-    assert '"embed": true' in roots[0].attrs["data-options"]
+    css = [n.attrs["href"] for n in doc.find_all("link") if n.attrs.get("rel") == "stylesheet"]
+    assert "/static/css/widgets/chat.css" in css                  # the widget's own stylesheet
     assert doc.find("nav") is None and doc.find("section") is None  # the widget alone
 
 
@@ -307,7 +308,7 @@ def test_embed_frame_ancestors_is_configurable(tiny_loaded):
 
 
 @pytest.mark.parametrize("name", UNBUILT)
-def test_embed_unbuilt_widget_is_a_404_coming_page(client, name):
+def test_embed_unbuilt_widget_is_a_404_coming_page(client, app, name):
     resp = client.get(f"/embed/{name}")
     assert resp.status_code == 404
     assert resp.headers["Content-Security-Policy"] == "frame-ancestors *"
@@ -315,7 +316,8 @@ def test_embed_unbuilt_widget_is_a_404_coming_page(client, name):
     panel = doc.find("figure", class_="coming")
     assert panel is not None and panel.attrs["data-coming"] == name
     spec = next(s for s in SECTIONS if name in s.widgets)
-    assert " ".join(spec.summary.split()) in " ".join(panel.text().split())
+    summary = spec.summary.format_map(facts(app.extensions["sendlens"].facts()))
+    assert " ".join(summary.split()) in " ".join(panel.text().split())
     assert doc.find(data_widget=name) is None
 
 

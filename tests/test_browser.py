@@ -4,143 +4,23 @@ Every request the page makes is routed: only this server may be reached; anythin
 aborted and recorded (the site must work offline). Screenshots go to the artifacts folder.
 """
 
-import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from app import ROOT
 from app.sections import SECTIONS
-from app.widgets import NAMES, find_built
+from app.widgets import BY_NAME
+from conftest import BAD_WORDS, get_json, wait_ready
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
-CHROMIUM = Path(os.environ.get("SENDLENS_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-BUILT = sorted(find_built(ROOT / "static"))
+NAMES = [n for s in SECTIONS for n in s.widgets]
+BUILT = sorted(BY_NAME)
 CHAT = '[data-widget="chat"]'
-BAD_WORDS = re.compile(r"\bundefined\b|\bNaN\b")
 DURATION = re.compile(r"^\d+(\.\d+)? (ms|s)$")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return json.load(resp)
-
-
-@pytest.fixture(scope="session")
-def server(artifacts_dir):
-    """`python -m app` on a free port with the real model; stopped at the end of the session."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log_path = artifacts_dir / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port), "--model", "smollm2-135m"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.monotonic() + 90  # the first run converts the model
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if get_json(base + "/healthz")["status"] == "ok":
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not answer /healthz in 90 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield SimpleNamespace(base=base, port=port, proc=proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        log.close()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not CHROMIUM.exists():  # `make test` installs it; a missing browser must not pass quietly
-        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium package (make test does)")
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    try:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-    finally:
-        pw.stop()
-
-
-class Page:
-    """A page whose console errors, page errors, websockets and outside requests are recorded."""
-
-    def __init__(self, context, server):
-        self.server = server
-        self.console_errors: list[str] = []
-        self.page_errors: list[str] = []
-        self.blocked: list[str] = []
-        self.sockets: list[str] = []
-        context.route("**/*", self._route)
-        self.page = page = context.new_page()
-        page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
-        page.on("websocket", lambda ws: self.sockets.append(ws.url))
-        page.set_default_timeout(30_000)
-
-    def _route(self, route):
-        url = route.request.url
-        if url == self.server.base or url.startswith(self.server.base + "/"):
-            route.continue_()
-        else:
-            self.blocked.append(url)
-            route.abort()
-
-    def goto(self, path: str):
-        return self.page.goto(self.server.base + path)
-
-    def assert_clean(self):
-        assert self.console_errors == [], self.console_errors
-        assert self.page_errors == [], self.page_errors
-        assert self.blocked == [], f"requests outside the server: {self.blocked}"
-        ws_base = f"ws://127.0.0.1:{self.server.port}/"
-        assert all(u.startswith(ws_base) for u in self.sockets), self.sockets
-        text = self.page.inner_text("body")
-        assert not BAD_WORDS.search(text), BAD_WORDS.search(text).group(0)
-
-
-@pytest.fixture
-def pg(browser, server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    try:
-        yield Page(context, server)
-    finally:
-        context.close()
-
-
-def wait_ready(page, selector: str, timeout: float = 60_000):
-    page.wait_for_selector(f'{selector}[data-state="ready"]', timeout=timeout)
 
 
 # ---- the walkthrough -------------------------------------------------------------------------

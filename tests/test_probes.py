@@ -24,7 +24,7 @@ def test_records_every_layer_and_changes_nothing(tiny_model, ids):
     records = probes.run(tiny_model, ids, attention={1})
     assert torch.equal(before, tiny_model.score(ids))              # probing changes nothing
     assert [r.layer for r in records] == list(range(cfg.num_layers))
-    assert all(not block._forward_hooks for block in tiny_model.layers)  # hooks removed
+    assert all(not block.attn.qkv_proj._forward_hooks for block in tiny_model.layers)  # hooks removed
     assert records[0].attention is None
     w = records[1].attention
     assert w.shape == (cfg.num_heads, T, T)
@@ -62,4 +62,16 @@ def test_layers_is_lazy(tiny_model, ids):
     first = next(gen)
     assert first.layer == 0
     gen.close()
-    assert all(not block.attn._forward_hooks for block in tiny_model.layers)
+    assert all(not block.attn.qkv_proj._forward_hooks for block in tiny_model.layers)
+
+
+def test_slices_pause_between_pieces_of_work(tiny_model, ids, monkeypatch):
+    monkeypatch.setattr(probes, "MLP_ROWS", 4)                       # 12 tokens: 3 MLP slices
+    items = list(probes.slices(tiny_model, ids, attention={0}))
+    records = [i for i in items if i is not None]
+    assert len(records) == tiny_model.config.num_layers
+    T = len(ids)
+    mlp_slices = -(-T // 4)
+    # layer 0: attention, weights, MLP slices; layer 1: attention, MLP slices
+    assert len(items) - len(records) == (1 + 1 + mlp_slices) + (1 + mlp_slices)
+    assert torch.allclose(records[-1].residual, probes.run(tiny_model, ids)[-1].residual, rtol=1e-5)

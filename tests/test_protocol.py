@@ -233,6 +233,28 @@ def engine_paused(server):
         future.result(TIMEOUT)
 
 
+@pytest.fixture
+def job_type(monkeypatch):
+    """A job message type registered for one test: test_job {n} -> {"n": n, "steps": <engine steps>}.
+    Set job_type["work"] to a function of the engine to replace the default work."""
+    from app.widgets import MESSAGE_TYPES
+    from app.widgets.base import integer, message
+
+    control = {"work": None}
+
+    def handle(call):
+        n = integer(call.msg, "n", 0, 10**6)
+
+        def work(engine):
+            if control["work"] is not None:
+                return control["work"](engine)
+            return {"n": n, "steps": engine.num_steps}
+        call.job({"n": n, "nonce": id(control), "custom": control["work"] is not None}, work)
+
+    monkeypatch.setitem(MESSAGE_TYPES, "test_job", message("test_job", {"n"}, handle, job=True))
+    return control
+
+
 def wait_pending(server, n: int) -> None:
     """The accepted requests reached the engine loop's queue (accepted is sent just before)."""
     wait_for(lambda: server.runtime.loop._num_pending == n, what=f"{n} queued requests")
@@ -283,16 +305,21 @@ def reference_llm(tiny_loaded):
 def test_hello_comes_first_and_describes_the_model(live_server, ws):
     h = ws.hello
     assert h["type"] == "hello" and h["protocol"] == 1
-    info = live_server.runtime.model_info()
-    assert {k: h[k] for k in info} == info
-    assert set(h) == set(info) | {"type", "protocol"}
+    info = live_server.runtime.loop.info()
+    assert {k: h[k] for k in info if k != "model"} == {k: v for k, v in info.items() if k != "model"}
+    assert set(h) == set(info) | {"type", "protocol", "limits", "job_types"}
     mc = live_server.runtime.engine.model_config
     assert h["model"] == "tiny"
     assert h["num_layers"] == mc.num_layers and h["num_heads"] == mc.num_heads
     assert h["num_kv_heads"] == mc.num_kv_heads and h["head_dim"] == mc.head_dim
     assert h["context_window"] == mc.max_position_embeddings == 2048
     assert h["block_size"] == 16
-    assert h["max_tokens_limit"] == 64 and h["default_max_tokens"] == 16 and h["max_inspect_tokens"] == 64
+    limits = h["limits"]
+    assert limits["max_tokens_limit"] == 64 and limits["default_max_tokens"] == 16
+    assert limits["max_inspect_tokens"] == 64
+    assert limits["max_jobs_per_connection"] == live_server.runtime.config.max_jobs_per_connection
+    from app.widgets import MESSAGE_TYPES
+    assert h["job_types"] == sorted(t for t, m in MESSAGE_TYPES.items() if m.job)
     assert ws.quiet(), "the server says hello once, then waits"
 
 
@@ -496,61 +523,26 @@ def test_template_errors(ws):
 
 
 # ---- attention -------------------------------------------------------------------------------
-@pytest.mark.parametrize("layer,head", [(0, 0), (1, 3)])
-def test_attention_weights(live_server, ws, layer, head):
-    text = "The cat sat on the mat because it was warm"
-    a = ws.call("attention", text=text, layer=layer, head=head)
-    assert a["type"] == "attention", a
-    assert a["layer"] == layer and a["head"] == head
-    mc = live_server.runtime.engine.model_config
-    assert a["kv_head"] == head // (mc.num_heads // mc.num_kv_heads)
-    tokenizer = live_server.runtime.engine.tokenizer
-    ids = tokenizer.encode(text)
-    assert a["token_ids"] == ids
-    assert a["tokens"] == tokenizer.token_texts(ids)
-    w = a["weights"]
-    assert len(w) == len(ids) and all(len(row) == len(ids) for row in w)
-    for i, row in enumerate(w):
-        assert all(x == 0 for x in row[i + 1:]), f"row {i} looks ahead"
-        assert sum(1 for x in row if x != 0) <= i + 1
-        assert all(x >= 0 for x in row)
-        assert sum(row) == pytest.approx(1.0, abs=1e-4)
-    assert w[0][0] == pytest.approx(1.0, abs=1e-6)
-
-
-@pytest.mark.parametrize("fields,param", [
-    ({"layer": 2, "head": 0}, "layer"),
-    ({"layer": -1, "head": 0}, "layer"),
-    ({"layer": "0", "head": 0}, "layer"),
-    ({"layer": 0, "head": 4}, "head"),
-    ({"layer": 0, "head": 1.0}, "head"),
-    ({"head": 0}, "layer"),
-    ({"layer": 0}, "head"),
-])
-def test_attention_bad_layer_or_head(ws, fields, param):
-    err = ws.error({"type": "attention", "id": "a", "text": "Hello world", **fields}, mid="a")
-    assert err["code"] == "invalid_request" and err["param"] == param
-    assert param in err["message"]
-    assert ws.call("attention", text="Hello world", layer=0, head=0)["type"] == "attention"
-
-
-@pytest.mark.parametrize("text", ["", 5, "1" * 65])
-def test_attention_bad_text(ws, text):
-    err = ws.error({"type": "attention", "id": "a", "text": text, "layer": 0, "head": 0}, mid="a")
-    assert err["code"] == "invalid_request" and err["param"] == "text"
-    assert ws.call("attention", text="1" * 64, layer=0, head=0)["type"] == "attention"  # the limit itself
-
-
-def test_internal_error_leaves_the_connection_working(ws, monkeypatch):
-    from core import inspect
-
-    def broken(*args, **kwargs):
+def test_internal_error_leaves_the_connection_working(ws, job_type):
+    def broken(engine):
         raise RuntimeError("a bug")
-    monkeypatch.setattr(inspect, "attention", broken)
-    err = ws.error({"type": "attention", "id": "a", "text": "Hi", "layer": 0, "head": 0}, mid="a")
+    job_type["work"] = broken
+    err = ws.error({"type": "test_job", "id": "a", "n": 1}, mid="a")
     assert err["code"] == "internal_error" and "a bug" not in err["message"]
+    job_type["work"] = None
+    assert ws.call("test_job", n=2)["type"] == "test_job"
+    assert_works(ws)
+
+
+def test_a_handler_bug_answers_internal_error(ws, job_type, monkeypatch):
+    def handler_bug(call):
+        raise KeyError("oops")
+    from app.widgets import MESSAGE_TYPES
+    from app.widgets.base import message
+    monkeypatch.setitem(MESSAGE_TYPES, "test_job", message("test_job", {"n"}, handler_bug, job=True))
+    err = ws.error({"type": "test_job", "id": "b", "n": 1}, mid="b")
+    assert err["code"] == "internal_error" and err["id"] == "b"
     monkeypatch.undo()
-    assert ws.call("attention", text="Hi", layer=0, head=0)["type"] == "attention"
     assert_works(ws)
 
 
@@ -854,15 +846,15 @@ def test_abort_keeps_streamed_text_equal_to_the_final_text(live_server, ws, slow
     all_blocks_free(live_server)
 
 
-def test_looking_inside_is_limited_per_connection(live_server, ws):
+def test_jobs_are_limited_per_connection(live_server, ws, job_type):
     limit = live_server.runtime.config.max_jobs_per_connection
     with engine_paused(live_server):
         for i in range(limit + 1):
-            ws.send({"type": "attention", "id": f"att{i}", "text": "Hello there", "layer": 0, "head": 0})
-        err = ws.recv_for(f"att{limit}")
+            ws.send({"type": "test_job", "id": f"job{i}", "n": 100 + i})
+        err = ws.recv_for(f"job{limit}")
         assert err["type"] == "error" and err["code"] == "overloaded" and err["param"] == "connection"
     for i in range(limit):
-        assert ws.recv_for(f"att{i}")["type"] == "attention"
+        assert ws.recv_for(f"job{i}")["type"] == "test_job"
     assert_works(ws)
 
 

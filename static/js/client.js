@@ -1,14 +1,34 @@
 // The one websocket client every widget on a page shares.
 //
 // It connects to /ws, reconnects with backoff when the connection drops, and correlates replies
-// with requests by the client-chosen "id" that the server echoes in every reply.
+// with requests by the client-chosen "id" that the server echoes in every reply. It keeps the
+// limits the server sends in `hello`: at most max_jobs_per_connection jobs and
+// max_requests_per_connection generate requests in flight; the rest wait here, so a page full of
+// widgets never gets `overloaded` from itself.
 
 const TERMINAL = new Set(["done", "error"]);
+
+class Gate {
+  constructor(limit) { this.limit = limit; this.active = 0; this.waiting = []; }
+  acquire() {
+    if (this.active < this.limit) { this.active += 1; return Promise.resolve(); }
+    return new Promise((resolve, reject) => this.waiting.push({ resolve, reject }));
+  }
+  release() {
+    const next = this.waiting.shift();
+    if (next) next.resolve();
+    else this.active = Math.max(0, this.active - 1);
+  }
+  setLimit(limit) {
+    this.limit = limit;
+    while (this.active < this.limit && this.waiting.length) { this.active += 1; this.waiting.shift().resolve(); }
+  }
+}
 
 class Client {
   constructor(url) {
     this.url = url;
-    this.pending = new Map();      // id -> { kind, onMessage }
+    this.pending = new Map();      // id -> { kind, onMessage, release }
     this.outbox = [];              // messages waiting for the socket to open
     this.hello = null;             // the server's hello: model facts and limits
     this.helloWaiters = [];
@@ -16,6 +36,8 @@ class Client {
     this.counter = 0;
     this.backoff = 500;
     this.status = "connecting";
+    this.gates = { job: new Gate(1), generate: new Gate(1) };  // until hello says more
+    this.jobTypes = new Set();
     this.connect();
   }
 
@@ -31,8 +53,8 @@ class Client {
     ws.addEventListener("close", () => {
       this.setStatus("closed");
       this.outbox = [];  // their owners are told below that they failed: never send them later
-      // Requests in flight are lost with the connection: tell their owners.
       for (const [id, entry] of this.pending) {
+        entry.release();
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });
       }
       this.pending.clear();
@@ -54,6 +76,9 @@ class Client {
   dispatch(msg) {
     if (msg.type === "hello") {
       this.hello = msg;
+      this.jobTypes = new Set(msg.job_types || []);
+      this.gates.job.setLimit(msg.limits?.max_jobs_per_connection ?? 1);
+      this.gates.generate.setLimit(msg.limits?.max_requests_per_connection ?? 1);
       for (const resolve of this.helloWaiters.splice(0)) resolve(msg);
       return;
     }
@@ -64,6 +89,7 @@ class Client {
     }
     if (TERMINAL.has(msg.type) || (entry.kind !== "generate" && msg.type === entry.kind)) {
       this.pending.delete(msg.id);
+      entry.release();
     }
     entry.onMessage(msg);
   }
@@ -79,21 +105,51 @@ class Client {
     else this.outbox.push(text);
   }
 
-  // Start a streaming request (e.g. generate); onMessage gets every reply with its id.
-  request(body, onMessage) {
-    const id = body.id ?? `${body.type}-${++this.counter}`;
-    this.pending.set(id, { kind: body.type, onMessage });
-    this.send({ ...body, id });
-    return { id, abort: () => this.send({ type: "abort", id }) };
+  gateFor(type) {
+    if (type === "generate") return this.gates.generate;
+    return this.jobTypes.has(type) ? this.gates.job : null;
   }
 
-  // A request with one reply (template, attention ...): resolves with it, rejects on error.
-  call(body) {
+  // Start a request; onMessage gets every reply with its id. Returns { id, abort }. A request
+  // over the server's limits waits here for a free place before it is sent.
+  request(body, onMessage) {
+    const id = body.id ?? `${body.type}-${++this.counter}`;
+    let state = "queued";
+    let gate = null;
+    let released = false;
+    const release = () => { if (!released) { released = true; gate?.release(); } };
+    const start = () => {
+      if (state !== "queued") { release(); return; }
+      state = "sent";
+      this.pending.set(id, { kind: body.type, onMessage, release });
+      this.send({ ...body, id });
+    };
+    // the limits and which types are jobs are known once hello has come
+    (this.hello ? Promise.resolve() : this.ready())
+      .then(() => { gate = this.gateFor(body.type); return gate?.acquire(); })
+      .then(start);
+    return {
+      id,
+      abort: () => {
+        if (state === "sent" && this.pending.has(id)) this.send({ type: "abort", id });
+        else if (state === "queued") {
+          state = "aborted";
+          onMessage({ type: "error", id, code: "aborted", message: "aborted before it was sent" });
+        }
+      },
+    };
+  }
+
+  // A request with one reply (template, tokenize, jobs ...): resolves with it, rejects on error.
+  // options.onProgress(msg) hears the job's progress messages; options.signal (AbortSignal) aborts it.
+  call(body, options = {}) {
     return new Promise((resolve, reject) => {
-      this.request(body, (msg) => {
-        if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
+      const handle = this.request(body, (msg) => {
+        if (msg.type === "progress") options.onProgress?.(msg);
+        else if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
         else resolve(msg);
       });
+      options.signal?.addEventListener("abort", () => handle.abort(), { once: true });
     });
   }
 }

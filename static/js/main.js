@@ -1,19 +1,71 @@
-// Boot: mount every widget on the page from its own ES module, and wire the embed snippets.
+// Boot: mount each widget from its own ES module when it comes near the screen, give it a
+// context (the shared websocket client and its options from the URL), and keep the
+// "Embed this widget" snippet in step with the reader's settings.
 
-import { setState } from "./ui.js";
+import { getClient } from "./client.js";
+import { setState } from "./lib/dom.js";
+import { readOptions, toQuery } from "./lib/options.js";
 
-for (const root of document.querySelectorAll("[data-widget]")) {
+const EMBED = document.body.classList.contains("embed");
+
+// Raw options for one widget: the embed's whole query string, or on the walkthrough the
+// parameters named "<widget>.<option>".
+function rawOptions(name) {
+  const params = new URLSearchParams(window.location.search);
+  const raw = {};
+  for (const [key, value] of params) {
+    if (EMBED) raw[key] = value;
+    else if (key.startsWith(`${name}.`)) raw[key.slice(name.length + 1)] = value;
+  }
+  return raw;
+}
+
+function makeContext(root, name) {
+  const frame = root.closest(".widget-frame");
+  const snippet = frame?.querySelector(".snippet");
+  return {
+    name,
+    embed: EMBED,
+    client: getClient(),
+    options: rawOptions(name),
+    // Read this widget's options against its spec: { values, invalid }.
+    readOptions(spec) { return readOptions(this.options, spec); },
+    // The reader changed a setting: the embed snippet now carries it.
+    setOptions(values, spec) {
+      if (!snippet) return;
+      const query = toQuery(values, spec);
+      const src = snippet.dataset.base + (query ? `?${query}` : "");
+      snippet.textContent = snippet.dataset.template.replace("SRC", src);
+    },
+  };
+}
+
+async function mountWidget(root) {
   const name = root.dataset.widget;
-  const options = JSON.parse(root.dataset.options || "{}");
-  import(`./widgets/${name}.js`)
-    .then((module) => {
-      root.replaceChildren();
-      module.mount(root, options);
-    })
-    .catch((err) => {
-      console.error(err);
-      setState(root, "error", `The ${name} widget failed to load: ${err.message}`);
-    });
+  try {
+    const module = await import(`./widgets/${name}.js`);
+    root.replaceChildren();
+    const unmount = module.mount(root, makeContext(root, name));
+    root.sendlensUnmount = typeof unmount === "function" ? unmount : () => {};
+  } catch (err) {
+    console.error(err);
+    setState(root, "error", `The ${name} widget failed to load: ${err.message}`);
+  }
+}
+
+const roots = [...document.querySelectorAll("[data-widget]")];
+if (EMBED || !("IntersectionObserver" in window)) {
+  roots.forEach(mountWidget);
+} else {
+  // Widgets below the fold mount when scrolled near, so a page of 23 costs only what is seen.
+  const observer = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) continue;
+      observer.unobserve(entry.target);
+      mountWidget(entry.target);
+    }
+  }, { rootMargin: "600px 0px" });
+  roots.forEach((root) => observer.observe(root));
 }
 
 for (const button of document.querySelectorAll(".copy-snippet")) {

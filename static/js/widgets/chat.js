@@ -2,8 +2,10 @@
 // what the model actually receives (the chat template's tokens), the live timings of the answer,
 // why it stopped, and the request's path through the engine, step by step.
 
-import { getClient } from "../client.js";
-import { el, figure, fmtMs, setState, svg, visibleWhitespace } from "../ui.js";
+import { el, setState, svg } from "../lib/dom.js";
+import { figure, stat } from "../lib/figures.js";
+import { fmtMs } from "../lib/format.js";
+import { tokenChips } from "../lib/tokens.js";
 
 const SUGGESTION = "What is the capital of France?";
 const KINDS = [
@@ -14,31 +16,41 @@ const KINDS = [
   ["generation_prompt", "assistant prompt"],
 ];
 
-function stat(label, note) {
-  const value = el("span", { class: "stat-value", text: "–" });
-  const node = el("div", { class: "stat" }, [el("span", { class: "stat-label", text: label }), value,
-    note ? el("span", { class: "stat-note", text: note }) : null]);
-  return { node, set: (text) => { value.textContent = text; } };
-}
+// Options from the URL (docs/widgets.md): the message waiting in the box, and sampling settings.
+const OPTIONS = {
+  message: { type: "string", default: SUGGESTION, maxLength: 2000 },
+  temperature: { type: "string", default: "0", choices: ["0", "0.3", "0.7", "1"] },
+  max_tokens: { type: "int", default: null, min: 1 },
+  seed: { type: "int", default: null, min: 0 },
+};
 
-export function mount(root, options = {}) {
-  const client = getClient();
-  root.classList.add("w-chat");
+export function mount(root, ctx) {
+  const client = ctx.client;
+  const opts = ctx.readOptions(OPTIONS).values;
   const state = { messages: [], current: null, template: null, previewSeq: 0, previewTimer: null, ready: false };
+  const cleanups = [];
 
   // ---- left column: the conversation and this answer's numbers ----
   const log = el("div", { class: "chat-log", "aria-live": "polite" }, [
     el("p", { class: "chat-empty", text: "Ask something and press Send. The answer is generated on this server, token by token." }),
   ]);
   const input = el("textarea", { rows: 2, "aria-label": "Your message", name: "message" });
-  input.value = SUGGESTION;
+  input.value = opts.message;
   const sendButton = el("button", { type: "submit", class: "primary", text: "Send" });
   const stopButton = el("button", { type: "button", text: "Stop", disabled: true });
   const form = el("form", { class: "chat-form" }, [input, sendButton, stopButton]);
   const temperature = el("select", { "aria-label": "Temperature" },
     [["0", "0 (greedy)"], ["0.3", "0.3"], ["0.7", "0.7"], ["1", "1.0"]].map(([v, t]) => el("option", { value: v, text: t })));
-  const maxTokens = el("input", { type: "number", min: "1", value: "128", "aria-label": "Max tokens" });
+  temperature.value = opts.temperature;
+  const maxTokens = el("input", { type: "number", min: "1", "aria-label": "Max tokens" });
   const seed = el("input", { type: "number", min: "0", placeholder: "none", "aria-label": "Seed" });
+  if (opts.seed !== null) seed.value = String(opts.seed);
+  const syncOptions = () => ctx.setOptions({
+    message: input.value, temperature: temperature.value,
+    max_tokens: maxTokens.value === "" ? null : Number(maxTokens.value),
+    seed: seed.value === "" ? null : Number(seed.value),
+  }, OPTIONS);
+  for (const node of [temperature, maxTokens, seed]) node.addEventListener("change", syncOptions);
   const newChat = el("button", { type: "button", text: "New chat" });
   const settings = el("div", { class: "chat-settings" }, [
     el("label", {}, ["temperature", temperature]),
@@ -47,10 +59,10 @@ export function mount(root, options = {}) {
     newChat,
   ]);
 
-  const ttft = stat("TTFT", "arrival at the engine to first token");
-  const tpot = stat("TPOT", "mean time per later token");
-  const generated = stat("Tokens out", "generated so far");
-  const queued = stat("Queued", "waiting for a step");
+  const ttft = stat("TTFT", { key: "ttft_ms", note: "arrival at the engine to first token" });
+  const tpot = stat("TPOT", { key: "tpot_ms", note: "mean time per later token" });
+  const generated = stat("Tokens out", { key: "completion_tokens", note: "generated so far" });
+  const queued = stat("Queued", { key: "queue_ms", note: "waiting for a step" });
   const finish = el("p", { class: "finish muted", text: "No answer yet." });
 
   // ---- right column: the serialized prompt, and the request's timeline ----
@@ -84,16 +96,10 @@ export function mount(root, options = {}) {
   // ---- drawing ----
   function renderTemplate(t, cached = 0, note = "") {
     state.template = t;
-    const nodes = t.tokens.map((tok, i) => {
-      const text = tok.kind === "special" ? tok.text : visibleWhitespace(tok.text);
-      const span = el("span", {
-        class: `tok tok-${tok.kind}${i < cached ? " cached" : ""}`,
-        title: `#${i} · id ${tok.id} · ${tok.kind}${tok.role ? ` · ${tok.role}` : ""}${i < cached ? " · from the prefix cache" : ""}`,
-        text,
-      });
-      return tok.text.includes("\n") ? [span, el("br")] : [span];
-    }).flat();
-    tokens.replaceChildren(...nodes);
+    tokens.replaceChildren(...tokenChips(t.tokens, {
+      className: (tok, i) => (i < cached ? "cached" : ""),
+      title: (tok, i) => `#${i} · id ${tok.id} · ${tok.kind}${tok.role ? ` · ${tok.role}` : ""}${i < cached ? " · from the prefix cache" : ""}`,
+    }));
     const window = t.context_window;
     ctxFill.style.width = `${Math.max(0, Math.min(100, (100 * (t.num_tokens - cached)) / window))}%`;
     ctxCached.style.width = `${Math.min(100, (100 * cached) / window)}%`;
@@ -186,6 +192,7 @@ export function mount(root, options = {}) {
   }
 
   input.addEventListener("input", () => {
+    syncOptions();
     clearTimeout(state.previewTimer);
     state.previewTimer = setTimeout(() => preview().catch(() => {}), 250);
   });
@@ -207,7 +214,7 @@ export function mount(root, options = {}) {
     bubble("user", text);
     const answer = bubble("assistant", "");
     answer.node.classList.add("streaming");
-    for (const s of [ttft, tpot, generated, queued]) s.set("–");
+    for (const s of [ttft, tpot, generated, queued]) s.set(null);
     finish.textContent = "Generating…";
     ++state.previewSeq;
     client.call({ type: "template", messages }).then((t) => {
@@ -227,9 +234,9 @@ export function mount(root, options = {}) {
         count += 1;
         if (first === null) first = msg.t_ms;
         last = msg.t_ms;
-        ttft.set(fmtMs(first));
-        tpot.set(count > 1 ? fmtMs((last - first) / (count - 1)) : "–");
-        generated.set(String(count));
+        ttft.set(first, fmtMs(first));
+        tpot.set(count > 1 ? (last - first) / (count - 1) : null, count > 1 ? fmtMs((last - first) / (count - 1)) : "–");
+        generated.set(count);
         log.scrollTop = log.scrollHeight;
       } else if (msg.type === "done") {
         state.current = null;
@@ -237,10 +244,10 @@ export function mount(root, options = {}) {
         answer.node.classList.remove("streaming");
         answer.body.textContent = msg.text;
         if (msg.text) state.messages.push({ role: "assistant", content: msg.text });
-        ttft.set(fmtMs(msg.metrics.ttft_ms));
-        tpot.set(fmtMs(msg.metrics.tpot_ms));
-        generated.set(String(msg.completion_tokens));
-        queued.set(fmtMs(msg.metrics.queue_ms));
+        ttft.set(msg.metrics.ttft_ms, fmtMs(msg.metrics.ttft_ms));
+        tpot.set(msg.metrics.tpot_ms, fmtMs(msg.metrics.tpot_ms));
+        generated.set(msg.completion_tokens);
+        queued.set(msg.metrics.queue_ms, fmtMs(msg.metrics.queue_ms));
         finish.textContent = `${finishText(msg)} End to end ${fmtMs(msg.metrics.e2e_ms)}.`;
         if (state.template) {
           const cached = msg.num_cached_tokens;
@@ -277,20 +284,31 @@ export function mount(root, options = {}) {
   });
 
   // ---- connection ----
-  client.onStatus((status) => {
+  cleanups.push(client.onStatus((status) => {
     if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-  });
+  }));
   const timeout = setTimeout(() => {
     if (root.dataset.state !== "ready") setState(root, "error", "Cannot reach the sendlens server.");
   }, 20000);
   const start = () => client.ready().then((hello) => {
-    maxTokens.max = String(hello.max_tokens_limit);
-    if (Number(maxTokens.value) > hello.max_tokens_limit) maxTokens.value = String(hello.default_max_tokens);
+    const limits = hello.limits;
+    maxTokens.max = String(limits.max_tokens_limit);
+    if (maxTokens.value === "") {
+      maxTokens.value = String(opts.max_tokens !== null && opts.max_tokens <= limits.max_tokens_limit
+        ? opts.max_tokens : limits.default_max_tokens);
+    }
     return preview();
   }).then(() => {
     clearTimeout(timeout);
     setState(root, "ready");
   }).catch((err) => setState(root, "error", err.message));
   start();
-  client.onStatus((status) => { if (status === "open" && root.dataset.state === "error") start(); });
+  cleanups.push(client.onStatus((status) => { if (status === "open" && root.dataset.state === "error") start(); }));
+  return () => {
+    clearTimeout(timeout);
+    clearTimeout(state.previewTimer);
+    state.current?.abort();
+    cleanups.forEach((fn) => fn());
+    root.replaceChildren();
+  };
 }

@@ -1,4 +1,4 @@
-// Small DOM helpers shared by the widgets. Text always goes in with textContent, never innerHTML.
+// DOM helpers shared by the widgets. Text always goes in with textContent, never innerHTML.
 
 export function el(tag, attrs = {}, children = []) {
   const node = document.createElement(tag);
@@ -27,44 +27,8 @@ export function svg(tag, attrs = {}, children = []) {
   return node;
 }
 
-let badgeTable = null;
-function badges() {
-  if (!badgeTable) {
-    const script = document.getElementById("sendlens-badges");
-    badgeTable = script ? JSON.parse(script.textContent) : {};
-  }
-  return badgeTable;
-}
-
-// A source badge: "live", "measured", "computed" or "simulated" (the table comes from the server).
-export function badge(key) {
-  const [label, meaning] = badges()[key] || [key, ""];
-  return el("span", { class: `badge badge-${key}`, title: meaning, text: label });
-}
-
-// A figure with a heading and its source badges.
-export function figure(title, badgeKeys, body = []) {
-  return el("figure", { class: "figure" }, [
-    el("figcaption", { class: "figure-head" }, [
-      el("h3", { text: title }),
-      el("span", { class: "badges" }, badgeKeys.map(badge)),
-    ]),
-    ...[].concat(body),
-  ]);
-}
-
-export function fmtMs(value) {
-  if (value === null || value === undefined || Number.isNaN(value)) return "–";
-  if (value >= 10000) return `${(value / 1000).toFixed(1)} s`;
-  if (value >= 100) return `${Math.round(value)} ms`;
-  return `${value.toFixed(1)} ms`;
-}
-
-// Show whitespace in a token: spaces as ·, newlines as ↵, tabs as →.
-export function visibleWhitespace(text) {
-  return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
-}
-
+// data-state on a widget's root: "loading", "ready" (shows data from the backend) or "error"
+// (with a visible message). Browser tests wait on it.
 export function setState(root, state, message) {
   root.dataset.state = state;
   let box = root.querySelector(":scope > .widget-error");
@@ -77,4 +41,24 @@ export function setState(root, state, message) {
   } else if (box) {
     box.remove();
   }
+}
+
+// A labelled control: <label>label <input|select></label>.
+export function field(label, control, note) {
+  return el("label", { class: "field" }, [el("span", { class: "field-label", text: label }), control,
+    note ? el("span", { class: "field-note", text: note }) : null]);
+}
+
+export function select(options, value, attrs = {}) {
+  const node = el("select", attrs, options.map(([v, t]) => el("option", { value: String(v), text: t })));
+  node.value = String(value);
+  return node;
+}
+
+// Run fn at most once per `ms`, with the last arguments (for inputs that fire on every key).
+export function debounce(fn, ms = 250) {
+  let timer = null;
+  const wrapped = (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), ms); };
+  wrapped.cancel = () => clearTimeout(timer);
+  return wrapped;
 }

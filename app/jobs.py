@@ -1,0 +1,227 @@
+"""The job runner: everything a widget computes beyond a chat, run fairly beside serving.
+
+A job is a generator function of the engine: each `next()` does one small slice of work (a block
+of a probe pass, one timing, one step of an experiment's own engine) and may yield a Progress;
+its return value is the result. The runner is the engine loop's side work (EngineLoop.side_work):
+after every serving step the loop asks it for one slice, so a job can delay a chat's next token
+by at most one slice, whatever the job's size (the stride scheduling of CPU time between serving
+and jobs in one thread, as a time-sharing OS would do it with a quantum).
+
+- Fair: jobs queue per connection, and slices go round-robin across connections, so one reader's
+  ten jobs do not starve another's one (fair queueing, Demers, Keshav & Shenker, 1989).
+- Bounded: a cap on jobs in the runner (`max_queued_jobs`) and per connection (set by the caller).
+- Cached: results are kept by their inputs (an LRU of `cache_entries`), and an identical job
+  already running gets a second subscriber instead of a second run: a classroom asking the same
+  thing computes it once.
+- Progress: a job that runs for over a second reports its yielded Progress every half second.
+- Abort: a subscriber can leave; a job with no subscribers left is stopped at its next slice.
+"""
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from core.errors import EngineOverloaded
+
+log = logging.getLogger(__name__)
+
+PROGRESS_AFTER_S = 1.0     # a job this old starts reporting progress
+PROGRESS_EVERY_S = 0.5     # ... at most this often
+
+
+@dataclass
+class Progress:
+    done: float               # units of work done (layers, runs ...)
+    total: float              # units in all
+    note: str = ""            # what is being done, in words
+
+
+class Event:
+    """What a subscriber hears: exactly one of result or error (code, message, param), or progress."""
+
+    def __init__(self, kind: str, result=None, progress: Progress | None = None, error: Exception | None = None):
+        self.kind = kind          # "result", "progress" or "error"
+        self.result = result
+        self.progress = progress
+        self.error = error
+
+
+Subscriber = Callable[[Event], None]   # called on the engine loop's thread: must not block
+Work = Callable[[object], Iterator]    # engine -> generator of Progress | None, returning the result
+
+
+@dataclass
+class _Job:
+    key: str
+    owner: object
+    work: Work
+    created: float
+    subscribers: dict = field(default_factory=dict)  # (owner, token) -> Subscriber
+    gen: Iterator | None = None
+    last_progress: float = 0.0
+    progress: Progress | None = None
+
+
+class JobRunner:
+    def __init__(self, max_queued_jobs: int = 64, cache_entries: int = 128):
+        self.max_queued_jobs = max_queued_jobs
+        self.cache_entries = cache_entries
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, object] = OrderedDict()
+        self._jobs: dict[str, _Job] = {}                  # key -> job, queued or running
+        self._queues: OrderedDict[object, deque[_Job]] = OrderedDict()  # owner -> its jobs, in order
+        self._wake: Callable[[], None] = lambda: None
+        self.slices = 0
+        self.max_slice_s = 0.0
+        self.cache_hits = 0
+        self.completed = 0
+
+    def attach(self, wake: Callable[[], None]) -> None:
+        """wake(): tells the engine loop there is work (called when a job is queued)."""
+        self._wake = wake
+
+    @staticmethod
+    def key(kind: str, inputs: dict) -> str:
+        """The cache key of a job: its kind and its inputs, canonical."""
+        return kind + ":" + json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+
+    # -- from the connections' threads --------------------------------------------------------
+    def submit(self, owner, token, key: str, work: Work, subscriber: Subscriber) -> bool:
+        """Queue work under `key` for `owner` (a connection), answered to subscriber.
+        Returns True when the answer came at once from the cache. Raises EngineOverloaded."""
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                result = self._cache[key]
+                self.cache_hits += 1
+            else:
+                result = None
+                job = self._jobs.get(key)
+                if job is None:
+                    if len(self._jobs) >= self.max_queued_jobs:
+                        raise EngineOverloaded(f"{self.max_queued_jobs} jobs are already queued on this server "
+                                               "(max_queued_jobs); try again shortly")
+                    job = _Job(key, owner, work, time.monotonic())
+                    self._jobs[key] = job
+                    self._queues.setdefault(owner, deque()).append(job)
+                job.subscribers[(owner, token)] = subscriber
+        if result is not None:
+            subscriber(Event("result", result=result))
+            return True
+        self._wake()
+        return False
+
+    def cancel(self, owner, token) -> bool:
+        """The subscriber leaves; a job nobody waits for stops at its next slice."""
+        with self._lock:
+            for job in self._jobs.values():
+                if job.subscribers.pop((owner, token), None) is not None:
+                    return True
+        return False
+
+    def cancel_owner(self, owner) -> None:
+        """A connection went away: drop all its subscriptions."""
+        with self._lock:
+            for job in self._jobs.values():
+                for sub in [s for s in job.subscribers if s[0] == owner]:
+                    del job.subscribers[sub]
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"jobs": len(self._jobs), "cached": len(self._cache), "cache_hits": self.cache_hits,
+                    "completed": self.completed, "slices": self.slices,
+                    "max_slice_ms": round(self.max_slice_s * 1000, 3)}
+
+    # -- on the engine loop's thread ----------------------------------------------------------
+    def __call__(self, engine) -> bool:
+        """One slice of the next job, round-robin across owners. True if it did any work."""
+        job = self._next_job()
+        if job is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            if job.gen is None:
+                job.gen = _as_generator(job.work, engine)
+            item = next(job.gen)
+        except StopIteration as stop:
+            self._finish(job, Event("result", result=stop.value), cache=True)
+        except Exception as exc:
+            if not hasattr(exc, "code"):
+                log.error("job %s failed", job.key[:80], exc_info=exc)
+            self._finish(job, Event("error", error=exc), cache=False)
+        else:
+            if isinstance(item, Progress):
+                job.progress = item
+            self._maybe_report(job)
+        finally:
+            elapsed = time.perf_counter() - t0
+            self.slices += 1
+            self.max_slice_s = max(self.max_slice_s, elapsed)
+        return True
+
+    def _next_job(self) -> _Job | None:
+        """The head job of the owner whose turn it is; jobs nobody waits for are dropped."""
+        with self._lock:
+            while self._queues:
+                owner, queue = next(iter(self._queues.items()))
+                self._queues.move_to_end(owner)          # the next slice goes to the next owner
+                while queue and not queue[0].subscribers:
+                    dropped = queue.popleft()
+                    self._jobs.pop(dropped.key, None)
+                    if dropped.gen is not None:
+                        dropped.gen.close()
+                if not queue:
+                    del self._queues[owner]
+                    continue
+                return queue[0]
+        return None
+
+    def _finish(self, job: _Job, event: Event, cache: bool) -> None:
+        with self._lock:
+            self._jobs.pop(job.key, None)
+            queue = self._queues.get(job.owner)
+            if queue and queue[0] is job:
+                queue.popleft()
+                if not queue:
+                    del self._queues[job.owner]
+            if cache:
+                self._cache[job.key] = event.result
+                while len(self._cache) > self.cache_entries:
+                    self._cache.popitem(last=False)
+                self.completed += 1
+            subscribers = list(job.subscribers.values())
+        for subscriber in subscribers:
+            _tell(subscriber, event)
+
+    def _maybe_report(self, job: _Job) -> None:
+        now = time.monotonic()
+        if job.progress is None or now - job.created < PROGRESS_AFTER_S or now - job.last_progress < PROGRESS_EVERY_S:
+            return
+        job.last_progress = now
+        with self._lock:
+            subscribers = list(job.subscribers.values())
+        for subscriber in subscribers:
+            _tell(subscriber, Event("progress", progress=job.progress))
+
+
+def _as_generator(work: Work, engine) -> Iterator:
+    """A job's work: a generator function, or a plain function (one slice)."""
+    out = work(engine)
+    if hasattr(out, "__next__"):
+        return out
+
+    def once():
+        return out
+        yield  # pragma: no cover - makes this a generator
+    return once()
+
+
+def _tell(subscriber: Subscriber, event: Event) -> None:
+    try:
+        subscriber(event)
+    except Exception:
+        log.exception("a job subscriber failed")

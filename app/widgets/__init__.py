@@ -1,0 +1,29 @@
+"""The widgets: the one place where each is registered.
+
+Adding a widget: write app/widgets/<name>.py (its WIDGET: message types, checks, handlers),
+static/js/widgets/<name>.js (`mount(root, ctx)` returning an unmount), static/css/widgets/<name>.css
+(scoped to `[data-widget="<name>"]`) and tests/widgets/test_<name>.py, then add its module to
+WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the docs check read
+this list.
+"""
+
+from . import chat
+
+WIDGETS = [
+    chat.WIDGET,
+]
+
+BY_NAME = {w.name: w for w in WIDGETS}
+MESSAGE_TYPES = {m.type: m for w in WIDGETS for m in w.messages}  # message type -> its handler
+
+
+def _check_unique() -> None:
+    seen: dict[str, str] = {}
+    for w in WIDGETS:
+        for m in w.messages:
+            if m.type in seen or m.type == "abort":
+                raise RuntimeError(f"message type {m.type!r} of widget {w.name!r} is already taken")
+            seen[m.type] = w.name
+
+
+_check_unique()

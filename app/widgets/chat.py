@@ -1,0 +1,130 @@
+"""Widget `chat` (section 1): a real chat with the model, streamed token by token.
+
+Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, seed, stop} ->
+`accepted`, then `token` per token and `done` (finish reason, cached tokens, timings and the
+request's timeline of engine steps); `template` {messages} -> the chat template's tokens, each
+labelled with where it came from. The stepper of section 7 (`generation`) reuses `chat_prompt`.
+"""
+
+from core.errors import InvalidParameter, is_int
+from core.outputs import RequestOutput
+from core.sampling_params import SamplingParams
+from core.tokenizer import validate_messages
+
+from .base import Widget, message
+
+
+def chat_messages(msg: dict, config) -> list[dict]:
+    if "messages" not in msg:
+        raise InvalidParameter("messages", "is required")
+    messages = validate_messages(msg["messages"])
+    if len(messages) > config.max_messages:
+        raise InvalidParameter("messages", f"has {len(messages)} messages; the most this server takes is "
+                                           f"{config.max_messages} (max_messages)")
+    return messages
+
+
+def chat_prompt(call) -> str:
+    """The prompt of a message with either `messages` (rendered by the chat template) or `prompt`."""
+    msg = call.msg
+    has_messages, has_prompt = "messages" in msg, "prompt" in msg
+    if has_messages == has_prompt:
+        raise InvalidParameter("messages", "give either messages or prompt, not both or neither")
+    if has_prompt:
+        if not isinstance(msg["prompt"], str) or not msg["prompt"]:
+            raise InvalidParameter("prompt", "must be a non-empty string")
+        return msg["prompt"]
+    return call.tokenizer.apply_chat_template(chat_messages(msg, call.config))
+
+
+def sampling_params(msg: dict, config, **extra) -> SamplingParams:
+    max_tokens = msg.get("max_tokens", config.default_max_tokens)
+    if is_int(max_tokens) and max_tokens > config.max_tokens_limit:
+        raise InvalidParameter("max_tokens", f"must be at most {config.max_tokens_limit} on this server")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=msg.get("temperature", 0.0),
+        top_k=msg.get("top_k", 0),
+        top_p=msg.get("top_p", 1.0),
+        seed=msg.get("seed"),
+        stop=msg.get("stop"),
+        **extra,
+    )
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def token_message(mid, out: RequestOutput) -> dict:
+    index = len(out.token_ids) - 1
+    # metrics is the request's live record, which may have moved on: index it, never [-1]
+    return {"type": "token", "id": mid, "index": index, "token_id": out.new_token_ids[-1],
+            "text": out.new_text, "t_ms": ms(out.metrics.token_times[index] - out.metrics.arrival_time)}
+
+
+def done_message(mid, out: RequestOutput, tokenizer) -> dict:
+    m = out.metrics
+    t0 = m.arrival_time
+    stop = out.stop_reason
+    return {
+        "type": "done", "id": mid,
+        "finish_reason": out.finish_reason,
+        "stop_reason": stop,
+        "stop_reason_text": tokenizer.token_texts([stop])[0] if isinstance(stop, int) else stop,
+        "num_cached_tokens": out.num_cached_tokens,
+        "prompt_tokens": len(out.prompt_token_ids),
+        "completion_tokens": len(out.token_ids),
+        "text": out.text,
+        "metrics": {"queue_ms": ms(m.queue_s), "ttft_ms": ms(m.ttft_s), "tpot_ms": ms(m.tpot_s),
+                    "e2e_ms": ms(m.e2e_s)},
+        "timeline": {
+            "first_scheduled_ms": ms(m.first_scheduled_time - t0) if m.first_scheduled_time else None,
+            "first_token_ms": ms(m.ttft_s),
+            "finished_ms": ms(m.e2e_s),
+            "steps": [{"step": s.step, "start_ms": ms(s.start_time - t0), "duration_ms": ms(s.duration_s),
+                       "kind": s.kind, "num_tokens": s.num_tokens, "batch_seqs": s.batch_seqs,
+                       "batch_tokens": s.batch_tokens} for s in m.steps],
+        },
+    }
+
+
+def stream_messages(tokenizer):
+    """The messages for one engine output of a generate request: a token, then done or error."""
+    def format_output(mid, out: RequestOutput) -> list[dict]:
+        messages = []
+        if out.new_token_ids:
+            messages.append(token_message(mid, out))
+        if out.error:
+            messages.append({"type": "error", "id": mid, "code": "internal_error", "message": out.error,
+                             "param": None})
+        elif out.finished:
+            messages.append(done_message(mid, out, tokenizer))
+        return messages
+    return format_output
+
+
+def generate(call) -> None:
+    prompt = chat_prompt(call)
+    params = sampling_params(call.msg, call.config)
+    seq = call.runtime.loop.prepare(prompt, params)
+    call.generate(seq, stream_messages(call.tokenizer), accepted={
+        "prompt_tokens": seq.num_prompt_tokens, "max_tokens": params.max_tokens,
+        "context_window": call.info["context_window"]})
+
+
+def template(call) -> None:
+    rendered = call.tokenizer.render_chat(chat_messages(call.msg, call.config))
+    call.reply({
+        "text": rendered.text, "num_tokens": len(rendered.token_ids),
+        "context_window": call.info["context_window"],
+        "tokens": [{"id": t.id, "text": t.text, "kind": t.kind.value, "role": t.role, "message": t.message}
+                   for t in rendered.tokens],
+    })
+
+
+WIDGET = Widget("chat", messages=(
+    message("generate", {"messages", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop"},
+            generate),
+    message("template", {"messages"}, template),
+))

@@ -1,0 +1,36 @@
+// Formatting numbers and token text for display. The raw numbers stay in data-value.
+
+export function fmtMs(value) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  if (value >= 10000) return `${(value / 1000).toFixed(1)} s`;
+  if (value >= 100) return `${Math.round(value)} ms`;
+  return `${value.toFixed(1)} ms`;
+}
+
+// A number with at most `digits` significant digits and thousands separators.
+export function fmtNum(value, digits = 3) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  if (Number.isInteger(value)) return value.toLocaleString("en-US");
+  const abs = Math.abs(value);
+  if (abs >= 1000) return Math.round(value).toLocaleString("en-US");
+  if (abs === 0) return "0";
+  return Number(value.toPrecision(digits)).toLocaleString("en-US", { maximumSignificantDigits: digits });
+}
+
+export function fmtPct(fraction, digits = 1) {
+  if (fraction === null || fraction === undefined || Number.isNaN(fraction)) return "–";
+  return `${(100 * fraction).toFixed(digits)}%`;
+}
+
+export function fmtBytes(bytes) {
+  if (bytes === null || bytes === undefined || Number.isNaN(bytes)) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0, v = bytes;
+  while (Math.abs(v) >= 1000 && i < units.length - 1) { v /= 1000; i += 1; }
+  return `${i ? v.toPrecision(3) : v} ${units[i]}`;
+}
+
+// Show whitespace in a token: spaces as ·, newlines as ↵, tabs as →.
+export function visibleWhitespace(text) {
+  return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
+}
