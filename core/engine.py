@@ -25,7 +25,7 @@ from .outputs import RequestOutput, StepRecord
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import FinishReason, Sequence, SequenceStatus
+from .sequence import FinishReason, Sequence
 from .trace import SlotWork, StepKind, StepTrace
 
 

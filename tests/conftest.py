@@ -15,6 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import simple_websocket
+from simple_websocket import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SENDLENS_ARTIFACTS", ROOT / "artifacts"))
@@ -297,3 +299,155 @@ def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: f
     overflow = page.frames[1].evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"{name} scrolls sideways by {overflow}px in a 600 px frame"
     assert pg.console_errors == [] and pg.page_errors == [], (pg.console_errors, pg.page_errors)
+
+
+# ---- a websocket client for the protocol and widget tests --------------------------------------
+TIMEOUT = 30.0  # seconds to wait for one message (the machine may be busy with other tests)
+
+
+# ---- a small client --------------------------------------------------------------------------
+class Stream:
+    def __init__(self, accepted=None, tokens=(), done=None, error=None):
+        self.accepted, self.tokens, self.done, self.error = accepted, list(tokens), done, error
+
+    @property
+    def token_ids(self):
+        return [t["token_id"] for t in self.tokens]
+
+    @property
+    def text(self):
+        return "".join(t["text"] for t in self.tokens)
+
+
+class Client(simple_websocket.Client):
+    """simple_websocket's client, minus a race: its handshake reads the server's first frames
+    together with the handshake reply and keeps only the reply's event, so a server that speaks
+    first (our hello) is not heard until more data arrives. Hand the rest to the input buffer."""
+
+    def handshake(self):
+        super().handshake()
+        self._handle_events()
+
+
+class WS:
+    """A websocket client that keeps replies to other ids aside while waiting for one id."""
+
+    def __init__(self, url: str):
+        self.client = Client.connect(url)
+        self.backlog: list[dict] = []
+        self.counter = 0
+        raw = self.client.receive(TIMEOUT)
+        assert raw is not None, "no hello from the server"
+        self.hello = json.loads(raw)
+
+    def next_id(self) -> str:
+        self.counter += 1
+        return f"r{self.counter}"
+
+    def send(self, msg) -> None:
+        self.client.send(msg if isinstance(msg, (str, bytes)) else json.dumps(msg))
+
+    def recv_for(self, mid, timeout: float = TIMEOUT) -> dict:
+        """The next message whose id is mid (None matches errors without a usable id)."""
+        for i, m in enumerate(self.backlog):
+            if m.get("id") == mid:
+                return self.backlog.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            raw = self.client.receive(max(left, 0.01))
+            if raw is None:
+                raise AssertionError(f"no message for id {mid!r} within {timeout} s")
+            m = json.loads(raw)
+            if m.get("id") == mid and type(m.get("id")) is type(mid):
+                return m
+            self.backlog.append(m)
+
+    def quiet(self, seconds: float = 0.2) -> bool:
+        """True if nothing arrives for `seconds`."""
+        return not self.backlog and self.client.receive(seconds) is None
+
+    def start(self, mid=None, **fields):
+        mid = self.next_id() if mid is None else mid
+        self.send({"type": "generate", "id": mid, **fields})
+        return mid
+
+    def accepted(self, mid) -> dict:
+        m = self.recv_for(mid)
+        assert m["type"] == "accepted", m
+        return m
+
+    def finish(self, mid, accepted=None) -> Stream:
+        """Collect a generate request's replies up to done (or an error)."""
+        s = Stream(accepted=accepted)
+        while True:
+            m = self.recv_for(mid)
+            if m["type"] == "error":
+                s.error = m
+                return s
+            if m["type"] == "accepted":
+                assert s.accepted is None and not s.tokens, "accepted comes first, once"
+                s.accepted = m
+            elif m["type"] == "token":
+                assert s.accepted is not None, "a token before accepted"
+                s.tokens.append(m)
+            elif m["type"] == "done":
+                assert s.accepted is not None, "done before accepted"
+                s.done = m
+                return s
+            else:
+                raise AssertionError(f"unexpected reply {m}")
+
+    def generate(self, **fields) -> Stream:
+        return self.finish(self.start(**fields))
+
+    def call(self, kind, **fields) -> dict:
+        mid = self.next_id()
+        self.send({"type": kind, "id": mid, **fields})
+        return self.recv_for(mid)
+
+    def error(self, msg, mid=None) -> dict:
+        """Send a message that must be refused; return the error."""
+        self.send(msg)
+        m = self.recv_for(mid)
+        assert m["type"] == "error", m
+        return m
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except ConnectionClosed:
+            pass
+
+
+def healthz(server) -> dict:
+    with urllib.request.urlopen(server.http + "/healthz", timeout=10) as resp:
+        return json.load(resp)
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def ws(live_server):
+    wait_for(lambda: healthz(live_server)["connections"] == 0, what="earlier connections to close")
+    client = WS(live_server.ws)
+    yield client
+    client.close()
+
+
+
+@pytest.fixture
+def real_ws(server):
+    """A websocket client on the real-model server (the browser tests' `python -m app`)."""
+    client = WS(f"ws://127.0.0.1:{server.port}/ws")
+    yield client
+    client.close()

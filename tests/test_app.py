@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 import pytest
 from markupsafe import Markup
 
-from app import ROOT, create_app, inline_links
+from app import create_app, inline_links
 from app.config import ServerConfig
 from app.sections import BADGES, SECTIONS, facts
 from app.widgets import BY_NAME
