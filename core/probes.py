@@ -3,18 +3,17 @@
 A probe runs one uncached forward pass over a short text, one block at a time, and records what
 the widgets draw: each layer's rotated queries and keys, its attention weights, and the sizes of
 the updates the attention and the MLP add to the residual stream (the "residual stream" view of
-Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"). It calls the model's own
-modules, block by block, and reads the queries and keys with a forward hook on each block's q/k/v
-projection (TransformerLens' hook points, done with torch's register_forward_hook), so
-core/model.py has no code for it.
+Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"). It is a probe layer
+around the model: it calls the model's own modules block by block (the way TransformerLens
+exposes a model's activations, but without hook code inside the model), so core/model.py has no
+code for it.
 
 `slices()` is a generator that pauses after each small piece of work, so the web app can run a
-long probe between serving steps and never stall a chat by more than one slice. Attention weights are
-recomputed from the hooked q and k with the engine's own `attend` (the same function the forward
-uses), so they are the model's weights, not an approximation.
+long probe between serving steps and never stall a chat by more than one slice. Attention is
+computed with the engine's own `attend` (the function the forward uses), split by query rows, so
+the weights are the model's own, not an approximation.
 """
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +33,7 @@ class LayerRecord:
     q_raw: torch.Tensor              # (T, H, D) queries before RoPE
     k_raw: torch.Tensor              # (T, Hkv, D) keys before RoPE
     attention: torch.Tensor | None   # (H, T, T) softmax weights, zero above the diagonal
+    entropy: torch.Tensor            # (H, T) entropy in nats of each query's attention row
     attn_update: torch.Tensor        # (T,) L2 norm of what attention adds to the residual
     mlp_update: torch.Tensor         # (T,) L2 norm of what the MLP adds
     residual: torch.Tensor           # (T,) L2 norm of the residual stream after the block
@@ -45,59 +45,58 @@ def check_index(name: str, value, size: int) -> int:
     return value
 
 
-@contextmanager
-def _qkv_hook(block):
-    """Capture the output of a block's fused q/k/v projection while the block runs."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(module, args, output):
-        seen["qkv"] = output
-
-    handle = block.attn.qkv_proj.register_forward_hook(keep)
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
-MLP_ROWS = 256  # the MLP runs over at most this many tokens per slice (it is per token, so exact)
+ROWS = 128                   # tokens through a linear layer per slice
+ATTENTION_CELLS = 1 << 20    # query-key pairs x heads per slice of attention
 
 
 @torch.inference_mode()
 def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False):
     """Run `ids` through the model in small slices: yields None after each slice of work and a
-    LayerRecord when a block is done. A slice is a block's attention, its attention weights, or
-    up to MLP_ROWS tokens of its MLP, so a caller can pause between slices for serving steps.
+    LayerRecord when a block is done. A slice is at most ROWS tokens through a linear layer or
+    ATTENTION_CELLS query-key pairs of attention, so a caller can pause between slices for
+    serving steps, however long the text.
 
-    attention: True for every layer's weights, a set of layer indices for some, False for none.
+    Each block is run from its own modules, as Block.forward and Attention.forward do on the
+    uncached path (norm, fused q/k/v, RoPE, causal `attend`, output projection, residual add;
+    norm, MLP, residual add), with the attention split by query rows. attention: True keeps every
+    layer's weights, a set of layer indices keeps some, False none (entropies are always kept).
     """
     cfg = model.config
     H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     T = len(ids)
     positions = torch.arange(T)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
-    x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))  # (T, C)
+    x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))            # (T, C)
     for i, block in enumerate(model.layers):
-        # the block's two residual updates, as Block.forward adds them
-        with _qkv_hook(block) as seen:
-            a = block.attn(block.attn_norm(x), positions, model.rotary, None)   # (T, C)
-        x = x + a
-        yield None
-        q_raw, k_raw, v = seen["qkv"].split([H * D, Hkv * D, Hkv * D], dim=-1)
+        attn, keep = block.attn, attention is True or bool(attention and i in attention)
+        qkv = torch.cat([attn.qkv_proj(h) for h in block.attn_norm(x).split(ROWS)])  # (T, (H+2Hkv)D)
+        q_raw, k_raw, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
         q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
-        weights = None
-        if attention is True or (attention and i in attention):
-            _, weights = attend(q[None], k[None], v[None], mask[None])          # (1, H, T, T)
-            weights = weights[0]
+        yield None
+        y = torch.empty(T, H, D)
+        weights = torch.zeros(H, T, T) if keep else None
+        ent = torch.empty(H, T)
+        rows = max(1, ATTENTION_CELLS // (T * H))
+        for start in range(0, T, rows):
+            end = min(T, start + rows)
+            mask = torch.arange(end)[None, :] <= positions[start:end, None]   # (Q, K) causal
+            out, w = attend(q[None, start:end], k[None, :end], v[None, :end], mask[None])
+            y[start:end] = out[0]                                            # (Q, H, D)
+            ent[:, start:end] = entropy(w[0])                                # (H, Q)
+            if keep:
+                weights[:, start:end, :end] = w[0]
             yield None
-        h = block.mlp_norm(x)
-        m = torch.empty_like(x)
-        for start in range(0, T, MLP_ROWS):
-            m[start:start + MLP_ROWS] = block.mlp(h[start:start + MLP_ROWS])   # (rows, C)
-            yield None
+        a = torch.cat([attn.o_proj(r) for r in y.reshape(T, H * D).split(ROWS)])  # (T, C)
+        x = x + a
+        yield None
+        parts = []
+        for h in block.mlp_norm(x).split(ROWS):
+            parts.append(block.mlp(h))                                       # (rows, C)
+            if len(parts) * ROWS < T:
+                yield None
+        m = torch.cat(parts)                                                 # (T, C)
         x = x + m
-        yield LayerRecord(layer=i, q=q, k=k, q_raw=q_raw, k_raw=k_raw, attention=weights,
+        yield LayerRecord(layer=i, q=q, k=k, q_raw=q_raw, k_raw=k_raw, attention=weights, entropy=ent,
                           attn_update=a.norm(dim=-1), mlp_update=m.norm(dim=-1), residual=x.norm(dim=-1))
 
 

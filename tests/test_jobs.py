@@ -167,3 +167,59 @@ def test_slice_time_is_recorded():
     runner.submit("A", 1, "k", slow, Recorder())
     runner(None)
     assert runner.stats()["max_slice_ms"] >= 20
+
+
+# ---- beside a real chat ------------------------------------------------------------------------
+@pytest.mark.real_model
+def test_a_long_job_stalls_a_chat_by_less_than_two_decode_steps(smollm_loaded):
+    """A chat streams on the real model while a long probe job (a 1,000-token text, attention
+    weights of every layer) runs beside it: the chat's largest gap between tokens stays under two
+    decode steps, because the job runs one slice between steps (measured here, in this run)."""
+    import statistics
+
+    from core import probes
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+    from core.engine_loop import EngineLoop
+    from core.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="smollm2-135m"), smollm_loaded)
+    engine.warmup()
+    runner = JobRunner()
+    loop = EngineLoop(engine, max_queue=8, side_work=runner)
+    runner.attach(loop.wake)
+    loop.start()
+    try:
+        text = " ".join(f"word{i % 97}" for i in range(600))
+        ids = engine.tokenizer.encode(text)[:1000]
+        assert len(ids) >= 900
+        done = Recorder()
+
+        def work(engine):
+            layers = 0
+            for item in probes.slices(engine.model, ids, attention=True):
+                if item is not None:
+                    layers += 1
+                yield Progress(layers, engine.model_config.num_layers)
+            return {"layers": layers}
+
+        stream = loop.submit("Tell me a long story about a lighthouse keeper.",
+                             SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+        time.sleep(0.5)                                    # the chat is decoding
+        runner.submit("reader", 1, "long-probe", work, done)
+        out = stream.result(timeout=300)
+        deadline = time.monotonic() + 300
+        while not done.results and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert done.results == [{"layers": engine.model_config.num_layers}]
+        times = out.metrics.token_times
+        gaps = [b - a for a, b in zip(times[1:], times[2:])]      # decode gaps (after the first)
+        decode_steps = [s.duration_s for s in out.metrics.steps if s.kind == "decode"]
+        step = statistics.median(decode_steps)
+        slices = runner.stats()
+        print(f"decode step median {step * 1000:.1f} ms, largest gap {max(gaps) * 1000:.1f} ms, "
+              f"largest job slice {slices['max_slice_ms']:.1f} ms over {slices['slices']} slices")
+        assert slices["slices"] > 3 * engine.model_config.num_layers   # the job really ran beside the chat
+        assert max(gaps) < 2 * step, (max(gaps), step)
+    finally:
+        loop.shutdown()
