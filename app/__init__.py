@@ -9,7 +9,7 @@ live (/ws) and assets (/vendor/...).
 
 from pathlib import Path
 
-from flask import Flask, request
+from flask import Flask
 
 from .config import ServerConfig
 
@@ -23,29 +23,19 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     app.config["SENDLENS"] = cfg
     app.config["TESTING"] = cfg.testing
     # The websocket library closes a connection outright above this size; smaller excess is
-    # answered with a protocol error (max_message_bytes) and the connection stays open. No
-    # server pings: the library would send them from its own thread, racing our writer's frames.
+    # answered with a protocol error (max_message_bytes) and the connection stays open. Pings
+    # come from our own writer thread (live.py): the library's would race our frames.
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": None, "max_message_size": 16 * cfg.max_message_bytes}
 
-    from . import assets, embeds, live, pages, runtime
+    from . import assets, embeds, live, pages, runtime, security
 
     runtime.init_app(app, loaded)
+    security.init_app(app, cfg)
     app.register_blueprint(pages.bp)
     app.register_blueprint(embeds.bp)
     app.register_blueprint(live.bp)
     app.register_blueprint(assets.bp)
     live.sock.init_app(app)
-
-    @app.after_request
-    def security_headers(resp):
-        embed = request.path.startswith("/embed/")
-        ancestors = cfg.frame_ancestors if embed else "'self'"
-        resp.headers["Content-Security-Policy"] = f"frame-ancestors {ancestors}"
-        if not embed:
-            resp.headers["X-Frame-Options"] = "SAMEORIGIN"
-        resp.headers["X-Content-Type-Options"] = "nosniff"
-        resp.headers["Referrer-Policy"] = "no-referrer"
-        return resp
 
     from .sections import BADGES, facts
     from .widgets import BY_NAME

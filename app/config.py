@@ -1,26 +1,47 @@
-"""The server's settings, in one dataclass with commented defaults. Every limit has a name."""
+"""The server's settings, in one dataclass with commented defaults. Every limit has a name.
 
-from dataclasses import dataclass, field, fields, replace
+Each setting, and each field of the engine's EngineConfig, can be set from the command line
+(`python -m app --setting max_connections 32`) or the environment (`SENDLENS_MAX_CONNECTIONS=32`),
+as datasette does with `--setting`. docs/settings.md lists them all (a test checks it).
+"""
+
+import os
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 from core.config import EngineConfig
 from core.errors import InvalidParameter, is_int
+
+ENV_PREFIX = "SENDLENS_"
 
 
 @dataclass
 class ServerConfig:
     model: str = "smollm2-135m"           # a name from toy_models
     engine: EngineConfig = field(default_factory=EngineConfig)  # its `model` is set from above
+    # -- connections --
     max_connections: int = 64             # websocket clients at once (a classroom)
+    max_connections_per_address: int = 16  # ... from one client address (forty tabs get 16)
+    max_message_bytes: int = 64 * 1024    # one client message (a websocket text frame)
+    max_messages_per_second: int = 20     # client messages per second per connection (bursts of 2x)
+    max_outbox_bytes: int = 16 * 1024 * 1024  # replies waiting for a client that does not read; then cut off
+    idle_timeout_s: int = 900             # a connection with nothing in flight and silent this long is closed
+    ping_interval_s: int = 25             # websocket pings; a peer that misses one is cut off
+    # -- work per connection --
     max_requests_per_connection: int = 4  # generate requests in flight per client
     max_jobs_per_connection: int = 4      # widget jobs (attention, probes, experiments) in flight per client
+    # -- the engine's queues --
+    max_queue: int = 256                  # requests waiting for the engine before "overloaded"
+    max_queued_tokens: int = 64 * 1024    # prompt tokens waiting for the engine before "overloaded"
     max_queued_jobs: int = 64             # widget jobs in the runner at once, all clients together
     job_cache_entries: int = 128          # widget results kept by their inputs (a classroom computes once)
+    # -- what one request may ask --
     max_messages: int = 200               # messages in one chat transcript
-    max_queue: int = 256                  # requests waiting for the engine before "overloaded"
-    max_message_bytes: int = 64 * 1024    # one client message (a websocket text frame)
     max_tokens_limit: int = 1024          # the most max_tokens a client may ask for
     default_max_tokens: int = 256         # when a generate request does not say
     max_inspect_tokens: int = 1024        # longest text the looking-inside widgets take (tokens)
+    # -- who may use it --
+    trusted_hosts: str = ""               # extra Host names (space-separated) besides localhost forms and this machine's
+    allowed_origins: str = ""             # extra page origins (space-separated) that may open the websocket
     frame_ancestors: str = "*"            # who may put /embed/ pages in an iframe (CSP)
     testing: bool = False
 
@@ -30,9 +51,13 @@ class ServerConfig:
                 c in self.frame_ancestors for c in ";,\r\n"):
             raise InvalidParameter("frame_ancestors", "must be a CSP source list such as * or "
                                    "'self' https://example.org, without ; , or line breaks")
+        for name in ("trusted_hosts", "allowed_origins"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or any(c in value for c in ";,\r\n\"'"):
+                raise InvalidParameter(name, "must be names separated by spaces")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name.startswith("max_") or f.name in ("default_max_tokens", "job_cache_entries"):
+            if f.type is int or f.type == "int":
                 if not is_int(value) or value < 1:
                     raise InvalidParameter(f.name, f"must be a positive integer, got {value!r}")
         if self.default_max_tokens > self.max_tokens_limit:
@@ -48,3 +73,52 @@ class ServerConfig:
             raise InvalidParameter(sorted(unknown)[0], "is not a server or engine setting")
         engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_keys and k != "model"})
         return cls(engine=engine, **{k: v for k, v in values.items() if k in own and k != "engine"})
+
+
+def settings() -> dict[str, tuple[type, object]]:
+    """Every setting by name -> (type, default): the server's own, then the engine's."""
+    out = {}
+    for cls in (ServerConfig, EngineConfig):
+        for f in fields(cls):
+            if f.name in ("engine", "testing") or f.name in out:
+                continue
+            default = f.default if f.default is not MISSING else f.default_factory()
+            out[f.name] = (_type_of(f.type), default)
+    return out
+
+
+def _type_of(annotation) -> type:
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    for name, t in (("bool", bool), ("int", int), ("float", float)):
+        if text.startswith(name):
+            return t
+    return str
+
+
+def parse_setting(name: str, text: str):
+    """A setting's value from text (command line or environment), checked against its type."""
+    known = settings()
+    if name not in known:
+        raise InvalidParameter(name, "is not a setting (see docs/settings.md)")
+    kind, _ = known[name]
+    if kind is bool:
+        if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise InvalidParameter(name, f"must be true or false, got {text!r}")
+        return text.lower() in ("1", "true", "yes", "on")
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            raise InvalidParameter(name, f"must be a {kind.__name__}, got {text!r}") from None
+    return text
+
+
+def from_environment(environ=None) -> dict:
+    """Settings given as SENDLENS_<NAME> environment variables."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for name in settings():
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            out[name] = parse_setting(name, environ[key])
+    return out

@@ -14,11 +14,14 @@ a stream of engine outputs. `abort` {id} is the transport's own message: it stop
 import json
 import logging
 import queue
+import socket
 import threading
+import time
 
-from flask import Blueprint
+from flask import Blueprint, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
+from wsproto.events import Ping
 
 from core.errors import EngineOverloaded, InvalidParameter
 
@@ -34,18 +37,22 @@ bp = Blueprint("live", __name__)
 sock = Sock()
 
 
+IDLE_CLOSE_CODE = 4000     # closed for being idle: the page reconnects when it next needs to
+POLL_S = 1.0               # the reader wakes this often to check for idleness, closing and shutdown
+
+
 @sock.route("/ws", bp=bp)
 def websocket(ws):
     runtime = get_runtime()
-    if not runtime.open_connection():
-        ws.send(json.dumps(ProtocolError(
-            "overloaded", f"the server already has {runtime.config.max_connections} connections "
-                          "(max_connections); try again shortly", "connections").as_message()))
+    address = request.remote_addr or "?"
+    refused = runtime.open_connection(address)
+    if refused:
+        ws.send(json.dumps(ProtocolError("overloaded", refused, "connections").as_message()))
         return
     try:
         Connection(ws, runtime).serve()
     finally:
-        runtime.close_connection()
+        runtime.close_connection(address)
 
 
 class Call:
@@ -63,7 +70,7 @@ class Call:
 
     def reply(self, payload: dict, type: str | None = None) -> None:
         """Answer now: {"type": <this type>, "id": <this id>, **payload}."""
-        self.conn.outbox.put({"type": type or self.type, "id": self.id, **payload})
+        self.conn.send({"type": type or self.type, "id": self.id, **payload})
 
     def job(self, inputs: dict, work) -> None:
         """Answer with work(engine)'s result, computed by the job runner between serving steps
@@ -81,46 +88,117 @@ class Connection:
         self.ws = ws
         self.runtime = runtime
         self.config = runtime.config
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # JSON texts for the writer, or None to stop
+        self.outbox_bytes = 0                  # bytes queued and not yet sent
         self.requests: dict[object, str] = {}  # client id -> engine request id
         self.jobs: set[object] = set()         # client ids of jobs in flight
         self.lock = threading.Lock()
+        self.closed = False                    # the reader stops
+        self.dropped = False                   # nothing more is queued: the socket is gone
+        self.last_heard = time.monotonic()
+        self.allowance = float(self.config.max_messages_per_second)  # token bucket of messages
         self.writer = threading.Thread(target=self._write, name="sendlens-ws-writer", daemon=True)
 
     # -- reading (the request thread) --------------------------------------------------------
     def serve(self) -> None:
         self.writer.start()
-        self.outbox.put({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, **self.runtime.hello()})
+        self.send({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, **self.runtime.hello()})
         try:
-            while True:
-                raw = self.ws.receive()
+            while not self.closed:
+                raw = self.ws.receive(timeout=POLL_S)
                 if raw is None:
+                    if not self.ws.connected:
+                        break          # the library closed it (a frame over its size limit, a dead peer)
+                    self._check_idle_and_shutdown()
                     continue
+                self.last_heard = time.monotonic()
                 msg = None
                 try:
+                    self._take_allowance()
                     msg = protocol.parse(raw, self.config, MESSAGE_TYPES)
                     self.handle(msg)
                 except ProtocolError as exc:
-                    self.outbox.put(exc.as_message())
+                    self.send(exc.as_message())
                 except Exception:  # a bug answers this message, not the whole connection
                     log.exception("handling a websocket message failed")
-                    self.outbox.put(ProtocolError("internal_error", "the server failed to handle this message",
-                                                  None, msg.get("id") if msg else None).as_message())
+                    self.send(ProtocolError("internal_error", "the server failed to handle this message",
+                                            None, msg.get("id") if msg else None).as_message())
         except ConnectionClosed:
             pass
         finally:
             self.close()
 
-    def close(self) -> None:
+    def _take_allowance(self) -> None:
+        """At most max_messages_per_second on average, in bursts of up to twice that."""
+        rate = self.config.max_messages_per_second
+        now = time.monotonic()
+        self.allowance = min(2.0 * rate, self.allowance + (now - getattr(self, "_last_take", now)) * rate)
+        self._last_take = now
+        if self.allowance < 1.0:
+            raise ProtocolError("overloaded", f"more than {rate} messages a second on this connection "
+                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate")
+        self.allowance -= 1.0
+
+    def _check_idle_and_shutdown(self) -> None:
+        if self.runtime.stopping.is_set():
+            self._end(1001, "the server is shutting down")
+            return
         with self.lock:
-            leftover = list(self.requests.values())
-            self.requests.clear()
+            busy = bool(self.requests or self.jobs)
+        if not busy and time.monotonic() - self.last_heard > self.config.idle_timeout_s:
+            self._end(IDLE_CLOSE_CODE, "idle")
+
+    def _end(self, code: int, reason: str) -> None:
+        """Close from the reader thread: abort what is in flight (each request's `done` with
+        finish_reason abort still reaches the client), then say goodbye."""
+        self._abort_all()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.requests:
+                    break
+            time.sleep(0.02)
+        self.outbox.put(("close", code, reason))
+        self.closed = True
+
+    def _abort_all(self) -> None:
+        with self.lock:
+            leftover = list(self.requests.values())   # each is popped when its done arrives
             self.jobs.clear()
         for request_id in leftover:
             self.runtime.loop.abort(request_id)
         self.runtime.jobs.cancel_owner(self)
+
+    def close(self) -> None:
+        self.closed = True
+        self._abort_all()
         self.outbox.put(None)
         self.writer.join(timeout=5)
+
+    def send(self, message: dict) -> None:
+        """Queue a message for the writer (any thread, never blocks). A client whose unsent
+        replies pass max_outbox_bytes has stopped reading: it is cut off."""
+        text = json.dumps(message)
+        with self.lock:
+            if self.dropped:
+                return
+            self.outbox_bytes += len(text)
+            over = self.outbox_bytes > self.config.max_outbox_bytes
+        if over:
+            log.warning("a client stopped reading (%d bytes queued, max_outbox_bytes); cutting it off",
+                        self.outbox_bytes)
+            self.cut()
+            return
+        self.outbox.put(text)
+
+    def cut(self) -> None:
+        """Drop the connection at once, from any thread (a shutdown of the socket unblocks the
+        reader and a writer stuck on a peer that does not read)."""
+        self.closed = self.dropped = True
+        try:
+            self.ws.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def handle(self, msg: dict) -> None:
         mid = msg["id"]
@@ -146,7 +224,7 @@ class Connection:
             self.runtime.loop.abort(request_id)      # the stream ends with done, finish_reason abort
         elif is_job:
             self.runtime.jobs.cancel(self, mid)
-            self.outbox.put(ProtocolError("aborted", "the job was aborted", None, mid).as_message())
+            self.send(ProtocolError("aborted", "the job was aborted", None, mid).as_message())
         else:
             raise ProtocolError("invalid_request", f"no running request has id {mid!r}", "id")
 
@@ -160,7 +238,8 @@ class Connection:
             self.jobs.add(mid)
 
         def subscriber(event: Event) -> None:  # on the engine loop's thread: only queue it
-            self.outbox.put(("job", mid, kind, event))
+            for message in self._job_messages(mid, kind, event):
+                self.send(message)
 
         runner = self.runtime.jobs
         try:
@@ -178,38 +257,59 @@ class Connection:
                                                   "running on this connection (max_requests_per_connection)",
                                     "connection")
             self.requests[mid] = seq.request_id
-        self.outbox.put(accepted)  # before any output can be queued
-        self.runtime.loop.enqueue(seq, lambda out: self.outbox.put(("output", mid, format_output, out)))
+        self.send(accepted)  # before any output can be queued
+
+        def listener(out) -> None:  # on the engine loop's thread: only queue it
+            if out.finished:
+                with self.lock:
+                    self.requests.pop(mid, None)
+            for message in format_output(mid, out):
+                self.send(message)
+        self.runtime.loop.enqueue(seq, listener)
 
     # -- writing (the writer thread) ---------------------------------------------------------
     def _write(self) -> None:
+        """Send queued texts in order, and ping the client when there is nothing to send: a peer
+        that has not answered the previous ping is gone (a closed laptop lid) and is cut off."""
+        interval = self.config.ping_interval_s
         while True:
-            item = self.outbox.get()
+            try:
+                item = self.outbox.get(timeout=interval)
+            except queue.Empty:
+                if not self._ping():
+                    self.cut()
+                    return
+                continue
             if item is None:
                 return
             try:
-                for message in self._messages(item):
-                    self.ws.send(json.dumps(message))
-            except ConnectionClosed:
+                if isinstance(item, tuple):               # ("close", code, reason)
+                    self.ws.close(item[1], item[2])
+                    return
+                self.ws.send(item)
+                with self.lock:
+                    self.outbox_bytes -= len(item)
+            except (ConnectionClosed, OSError):
+                self.cut()
                 return
-            except Exception:  # never leave a silent connection: close it, the reader then ends
+            except Exception:  # never leave a silent connection: drop it, the reader then ends
                 log.exception("websocket send failed; closing the connection")
-                try:
-                    self.ws.close()
-                except Exception:
-                    pass
+                self.cut()
                 return
 
-    def _messages(self, item) -> list[dict]:
-        if isinstance(item, dict):
-            return [item]
-        if item[0] == "job":
-            return self._job_messages(*item[1:])
-        _, mid, format_output, out = item
-        if out.finished:
-            with self.lock:
-                self.requests.pop(mid, None)
-        return format_output(mid, out)
+    def _ping(self) -> bool:
+        """A websocket ping from this thread, the only one that writes. False if the last went unanswered."""
+        ws = self.ws
+        if not ws.connected:
+            return False
+        if not getattr(ws, "pong_received", True):
+            return False
+        ws.pong_received = False                    # simple_websocket's reader sets it on a pong
+        try:
+            ws.sock.send(ws.ws.send(Ping()))
+        except OSError:
+            return False
+        return True
 
     def _job_messages(self, mid, kind, event: Event) -> list[dict]:
         with self.lock:

@@ -64,4 +64,28 @@ def parse(raw, config: ServerConfig, types: dict) -> dict:
     if extra:
         name = sorted(extra)[0]
         raise ProtocolError("invalid_request", f"{name} is not a field of a {kind} message", name, mid)
+    for name, value in msg.items():
+        problem = _bad_text(value)
+        if problem:
+            raise ProtocolError("invalid_request", f"{name} contains {problem}", name, mid)
     return msg
+
+
+def _bad_text(value) -> str | None:
+    """Text no tokenizer should see: a lone surrogate (JSON allows "\\ud800", UTF-8 does not) or NUL."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "a NUL character"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a lone surrogate (not valid Unicode text)"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None

@@ -9,6 +9,7 @@ jobs that run on the loop's thread.
 
 import atexit
 import threading
+from collections import Counter
 
 from flask import Flask, current_app
 
@@ -25,30 +26,47 @@ class Runtime:
         engine = LLMEngine(config.engine, loaded)
         engine.warmup()
         self.jobs = JobRunner(config.max_queued_jobs, config.job_cache_entries)
-        self.loop = EngineLoop(engine, max_queue=config.max_queue, side_work=self.jobs)
+        self.loop = EngineLoop(engine, max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens,
+                               side_work=self.jobs)
         self.jobs.attach(self.loop.wake)
         self.loop.start()
         self.info = self.loop.info()
-        self._connections = threading.BoundedSemaphore(config.max_connections)
         self._count_lock = threading.Lock()
+        self._by_address: Counter[str] = Counter()
         self.num_connections = 0
+        self.stopping = threading.Event()  # set on SIGTERM: connections end, requests are aborted
 
     @property
     def engine(self) -> LLMEngine:
         """For validation and tokenizing only (thread-safe parts); state is read via the loop."""
         return self.loop.engine
 
-    def open_connection(self) -> bool:
-        if not self._connections.acquire(blocking=False):
-            return False
+    def open_connection(self, address: str) -> str | None:
+        """Count a new websocket in; None if it may stay, else why not (it is then closed)."""
+        c = self.config
         with self._count_lock:
+            if self.stopping.is_set():
+                return "the server is shutting down"
+            if self.num_connections >= c.max_connections:
+                return (f"the server already has {c.max_connections} connections (max_connections); "
+                        "try again shortly")
+            if self._by_address[address] >= c.max_connections_per_address:
+                return (f"{c.max_connections_per_address} connections are already open from your address "
+                        "(max_connections_per_address); close some tabs")
             self.num_connections += 1
-        return True
+            self._by_address[address] += 1
+        return None
 
-    def close_connection(self) -> None:
+    def close_connection(self, address: str) -> None:
         with self._count_lock:
             self.num_connections -= 1
-        self._connections.release()
+            self._by_address[address] -= 1
+            if self._by_address[address] <= 0:
+                del self._by_address[address]
+
+    def begin_shutdown(self) -> None:
+        """Refuse new connections; the open ones abort their requests, say goodbye and end."""
+        self.stopping.set()
 
     def hello(self) -> dict:
         """What a client is told when it connects: the model's facts and the limits it must keep."""
@@ -62,6 +80,7 @@ class Runtime:
             "max_message_bytes": c.max_message_bytes,
             "max_requests_per_connection": c.max_requests_per_connection,
             "max_jobs_per_connection": c.max_jobs_per_connection,
+            "max_messages_per_second": c.max_messages_per_second, "idle_timeout_s": c.idle_timeout_s,
         }}
 
     def facts(self) -> dict:

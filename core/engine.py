@@ -234,7 +234,9 @@ class LLMEngine:
     def stats(self) -> dict:
         """What changes step by step: the KV pool, the queues, the step count."""
         return {"kv": self.kv_stats(), "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting), "steps": self.num_steps}
+                "waiting": len(self.scheduler.waiting),
+                "waiting_tokens": sum(s.num_tokens - s.num_computed_tokens for s in self.scheduler.waiting),
+                "steps": self.num_steps}
 
     def block_tables(self) -> list[dict]:
         """A copy of every running request's block table, with the pool's reference counts."""

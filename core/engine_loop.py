@@ -82,9 +82,12 @@ SideWork = Callable[[LLMEngine], bool]  # runs one slice on the loop thread; Tru
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_queue: int, side_work: SideWork | None = None):
+    def __init__(self, engine: LLMEngine, max_queue: int, max_queued_tokens: int | None = None,
+                 side_work: SideWork | None = None):
         self.engine = engine
         self.max_queue = max_queue  # requests waiting to start before submit says overloaded
+        self.max_queued_tokens = max_queued_tokens  # ... or prompt tokens waiting (None: no limit)
+        self._pending_tokens = 0    # prompt tokens submitted, not yet handed to the engine
         self.side_work = side_work
         self._info = engine.info()
         self._stats = engine.stats()
@@ -129,15 +132,23 @@ class EngineLoop:
 
     def prepare(self, prompt, params=None) -> Sequence:
         """Validate and tokenize without queueing (so a caller can answer before any output)."""
-        if len(self.engine.scheduler.waiting) + self._num_pending >= self.max_queue:
+        if self._stats["waiting"] + self._num_pending >= self.max_queue:
             raise EngineOverloaded(f"{self.max_queue} requests are already waiting (max_queue); "
-                                   "try again shortly")
-        return self.engine.make_sequence(prompt, params)
+                                   "try again in a few seconds")
+        seq = self.engine.make_sequence(prompt, params)
+        if self.max_queued_tokens is not None:
+            queued = self._stats["waiting_tokens"] + self._pending_tokens
+            if queued + seq.num_prompt_tokens > self.max_queued_tokens:
+                raise EngineOverloaded(f"{queued} prompt tokens are already waiting and this request adds "
+                                       f"{seq.num_prompt_tokens} (max_queued_tokens {self.max_queued_tokens}); "
+                                       "try again in a few seconds", param="queue")
+        return seq
 
     def enqueue(self, seq: Sequence, listener: Listener | None = None) -> RequestStream:
         stream = RequestStream(seq.request_id, seq.token_ids[: seq.num_prompt_tokens])
         with self._lock:
             self._num_pending += 1
+            self._pending_tokens += seq.num_prompt_tokens
         self._send(Add(seq, listener or stream.put))
         return stream
 
@@ -158,6 +169,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._take_commands()
+            self._stats = self.engine.stats()   # the queue as the engine now holds it
             did_work = self._run_one_job()
             did_work = self._run_side_work() or did_work
             if self.engine.has_unfinished_requests():
@@ -200,6 +212,7 @@ class EngineLoop:
             if isinstance(command, Add):
                 with self._lock:
                     self._num_pending -= 1
+                    self._pending_tokens -= command.seq.num_prompt_tokens
                 self._requests[command.seq.request_id] = (command.seq, command.listener)
                 try:
                     self.engine.add_sequence(command.seq)
