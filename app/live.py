@@ -96,7 +96,7 @@ class Connection:
         self.closed = False                    # the reader stops
         self.dropped = False                   # nothing more is queued: the socket is gone
         self.last_heard = time.monotonic()
-        self.allowance = float(self.config.max_messages_per_second)  # token bucket of messages
+        self.allowance = 2.0 * self.config.max_messages_per_second  # token bucket: a full burst to start
         self.writer = threading.Thread(target=self._write, name="sendlens-ws-writer", daemon=True)
 
     # -- reading (the request thread) --------------------------------------------------------
@@ -114,8 +114,8 @@ class Connection:
                 self.last_heard = time.monotonic()
                 msg = None
                 try:
-                    self._take_allowance()
-                    msg = protocol.parse(raw, self.config, MESSAGE_TYPES)
+                    msg = protocol.parse(raw, self.config, MESSAGE_TYPES)  # bounded work: the frame's size
+                    self._take_allowance(msg["id"])
                     self.handle(msg)
                 except ProtocolError as exc:
                     self.send(exc.as_message())
@@ -123,12 +123,13 @@ class Connection:
                     log.exception("handling a websocket message failed")
                     self.send(ProtocolError("internal_error", "the server failed to handle this message",
                                             None, msg.get("id") if msg else None).as_message())
+                self.last_heard = time.monotonic()
         except ConnectionClosed:
             pass
         finally:
             self.close()
 
-    def _take_allowance(self) -> None:
+    def _take_allowance(self, mid) -> None:
         """At most max_messages_per_second on average, in bursts of up to twice that."""
         rate = self.config.max_messages_per_second
         now = time.monotonic()
@@ -136,7 +137,7 @@ class Connection:
         self._last_take = now
         if self.allowance < 1.0:
             raise ProtocolError("overloaded", f"more than {rate} messages a second on this connection "
-                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate")
+                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate", mid)
         self.allowance -= 1.0
 
     def _check_idle_and_shutdown(self) -> None:
@@ -144,7 +145,7 @@ class Connection:
             self._end(1001, "the server is shutting down")
             return
         with self.lock:
-            busy = bool(self.requests or self.jobs)
+            busy = bool(self.requests or self.jobs or self.outbox_bytes)
         if not busy and time.monotonic() - self.last_heard > self.config.idle_timeout_s:
             self._end(IDLE_CLOSE_CODE, "idle")
 

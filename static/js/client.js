@@ -7,6 +7,7 @@
 // widgets never gets `overloaded` from itself.
 
 const TERMINAL = new Set(["done", "error"]);
+const IDLE_CLOSE = 4000;  // the server's close code for an idle connection
 
 class Gate {
   constructor(limit) { this.limit = limit; this.active = 0; this.waiting = []; }
@@ -42,6 +43,7 @@ class Client {
   }
 
   connect() {
+    this.setStatus("connecting");
     const ws = new WebSocket(this.url);
     this.ws = ws;
     ws.addEventListener("open", () => {
@@ -50,14 +52,20 @@ class Client {
       for (const text of this.outbox.splice(0)) ws.send(text);
     });
     ws.addEventListener("message", (event) => this.dispatch(JSON.parse(event.data)));
-    ws.addEventListener("close", () => {
-      this.setStatus("closed");
+    ws.addEventListener("close", (event) => {
       this.outbox = [];  // their owners are told below that they failed: never send them later
       for (const [id, entry] of this.pending) {
         entry.release();
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });
       }
       this.pending.clear();
+      if (event.code === IDLE_CLOSE) {
+        // The server closed a quiet connection: reconnect only when a widget next needs it.
+        this.hello = null;
+        this.setStatus("idle");
+        return;
+      }
+      this.setStatus("closed");
       setTimeout(() => this.connect(), this.backoff);
       this.backoff = Math.min(this.backoff * 2, 8000);
     });
@@ -102,7 +110,10 @@ class Client {
   send(msg) {
     const text = JSON.stringify(msg);
     if (this.ws.readyState === WebSocket.OPEN) this.ws.send(text);
-    else this.outbox.push(text);
+    else {
+      this.outbox.push(text);
+      if (this.status === "idle") this.connect();
+    }
   }
 
   gateFor(type) {
@@ -125,6 +136,7 @@ class Client {
       this.send({ ...body, id });
     };
     // the limits and which types are jobs are known once hello has come
+    if (!this.hello && this.status === "idle") this.connect();
     (this.hello ? Promise.resolve() : this.ready())
       .then(() => { gate = this.gateFor(body.type); return gate?.acquire(); })
       .then(start);

@@ -6,6 +6,8 @@ export function el(tag, attrs = {}, children = []) {
     if (value === undefined || value === null || value === false) continue;
     if (key === "class") node.className = value;
     else if (key === "text") node.textContent = value;
+    // styles through the CSSOM: the content security policy refuses style="" attributes
+    else if (key === "style") Object.assign(node.style, typeof value === "string" ? parseStyle(value) : value);
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else node.setAttribute(key, value === true ? "" : value);
   }
@@ -14,6 +16,15 @@ export function el(tag, attrs = {}, children = []) {
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
+}
+
+function parseStyle(text) {
+  const out = {};
+  for (const part of text.split(";")) {
+    const [name, ...rest] = part.split(":");
+    if (name.trim()) out[name.trim().replace(/-([a-z])/g, (_, c) => c.toUpperCase())] = rest.join(":").trim();
+  }
+  return out;
 }
 
 const SVG_NS = "http://www.w3.org/2000/svg";
