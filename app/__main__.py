@@ -57,6 +57,8 @@ def serve_gunicorn(config: ServerConfig, host: str, port: int) -> None:
                 "errorlog": "-",
                 "loglevel": "info",
             }
+            if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no socket in ~/.gunicorn
+                options["control_socket_disable"] = True
             for key, value in options.items():
                 self.cfg.set(key, value)
 

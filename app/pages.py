@@ -31,4 +31,18 @@ def healthz():
         "connections": runtime.num_connections,
         "steps": stats["steps"],
         "jobs": runtime.jobs.stats(),
+        "process": process_stats(),
     }), 200 if alive else 503
+
+
+def process_stats() -> dict:
+    """This server process's memory and threads (for load tests: both must come back down)."""
+    import os
+    import threading
+    rss = None
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"rss_bytes": rss, "threads": threading.active_count()}

@@ -1,0 +1,205 @@
+"""A classroom in a box: N websocket clients chatting with a sendlens server for M seconds.
+
+    python -m bench.load --clients 50 --seconds 60            # against http://127.0.0.1:8000
+    python -m bench.load --clients 30 --seconds 20 --drop     # ... each dropping its TCP connection mid-answer
+
+Each client sends a chat request, reads the stream to `done`, and sends the next, until the time
+is up (then it finishes the answer in flight). Reported, in vLLM's serving-benchmark terms:
+requests sent and completed, errors by code, lost requests (no `done` and no error), TTFT and
+TPOT p50/p99 as the client saw them, output tokens/s; and from the server's /healthz before and
+after: KV free blocks, connections, the process's RSS and threads. Loopback only by default:
+`--url` must name this machine (a load test never leaves it).
+"""
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import simple_websocket
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+MAX_CLIENTS = 200
+MAX_SECONDS = 600
+QUESTIONS = [
+    "What is the capital of France?", "Name three colours.", "Why is the sky blue?",
+    "Write a haiku about the sea.", "How many legs does a spider have?", "What is 12 times 12?",
+    "Give me a tip for learning to cook.", "Explain what a noun is.", "Tell me a fun fact about cats.",
+    "What does a teacher do?",
+]
+
+
+class Client(simple_websocket.Client):
+    """simple_websocket's client; its handshake can swallow the server's first frame (our hello)."""
+
+    def handshake(self):
+        super().handshake()
+        self._handle_events()
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    completed: int = 0
+    lost: int = 0
+    dropped: int = 0
+    output_tokens: int = 0
+    errors: dict = field(default_factory=dict)
+    ttft: list = field(default_factory=list)
+    tpot: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def error(self, code: str) -> None:
+        with self.lock:
+            self.errors[code] = self.errors.get(code, 0) + 1
+
+
+def pct(values, q):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def healthz(base: str) -> dict:
+    with urllib.request.urlopen(base + "/healthz", timeout=10) as resp:
+        return json.load(resp)
+
+
+def client_loop(url: str, deadline: float, max_tokens: int, drop: bool, tally: Tally, seed: int) -> None:
+    rng = random.Random(seed)
+    try:
+        ws = Client.connect(url)
+    except Exception:
+        tally.error("connect_failed")
+        return
+    try:
+        hello = json.loads(ws.receive(30) or "{}")
+        if hello.get("type") == "error":
+            tally.error(hello.get("code", "error"))
+            return
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            mid = f"q{n}"
+            t0 = time.monotonic()
+            ws.send(json.dumps({"type": "generate", "id": mid, "max_tokens": max_tokens,
+                                "messages": [{"role": "user", "content": rng.choice(QUESTIONS)}]}))
+            with tally.lock:
+                tally.sent += 1
+            first = last = None
+            tokens = 0
+            while True:
+                raw = ws.receive(120)
+                if raw is None:
+                    with tally.lock:
+                        tally.lost += 1
+                    return
+                msg = json.loads(raw)
+                if msg.get("id") != mid:
+                    continue
+                if msg["type"] == "token":
+                    tokens += 1
+                    now = time.monotonic()
+                    first = now if first is None else first
+                    last = now
+                    if drop and tokens == 3:       # vanish mid-answer: no close frame, a TCP reset
+                        ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                        ws.sock.close()
+                        with tally.lock:
+                            tally.dropped += 1
+                        return
+                elif msg["type"] == "done":
+                    with tally.lock:
+                        tally.completed += 1
+                        tally.output_tokens += msg["completion_tokens"]
+                        if first is not None:
+                            tally.ttft.append(first - t0)
+                        if tokens > 1:
+                            tally.tpot.append((last - first) / (tokens - 1))
+                    break
+                elif msg["type"] == "error":
+                    tally.error(msg.get("code", "error"))
+                    if msg.get("code") == "overloaded":
+                        time.sleep(1.0)               # the retry hint: back off
+                    break
+    except simple_websocket.ConnectionClosed:
+        with tally.lock:
+            tally.lost += 1
+    finally:
+        try:
+            ws.close()
+        except Exception:
+            pass
+
+
+def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool) -> dict:
+    parts = urlsplit(url)
+    base = f"http://{parts.netloc}"
+    before = healthz(base)
+    tally = Tally()
+    deadline = time.monotonic() + seconds
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client_loop, args=(url, deadline, max_tokens, drop, tally, i), daemon=True)
+               for i in range(clients)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)                               # a classroom does not press Send in one microsecond
+    for t in threads:
+        t.join(seconds + 180)
+    wall = time.monotonic() - t0
+    time.sleep(2.0)                                    # let the server notice closed sockets
+    settle = time.monotonic() + 30
+    after = healthz(base)
+    while (after["connections"] or after["running"]) and time.monotonic() < settle:
+        time.sleep(0.5)
+        after = healthz(base)
+    ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
+    return {
+        "url": url, "clients": clients, "seconds": seconds, "max_tokens": max_tokens, "drop": drop,
+        "wall_s": round(wall, 1), "sent": tally.sent, "completed": tally.completed, "lost": tally.lost,
+        "dropped": tally.dropped, "errors": tally.errors,
+        "output_tokens_per_s": round(tally.output_tokens / wall, 1),
+        "ttft_ms": {"p50": ms(pct(tally.ttft, 50)), "p99": ms(pct(tally.ttft, 99)),
+                    "mean": ms(statistics.fmean(tally.ttft)) if tally.ttft else None},
+        "tpot_ms": {"p50": ms(pct(tally.tpot, 50)), "p99": ms(pct(tally.tpot, 99))},
+        "server_before": {k: before[k] for k in ("kv", "connections", "running", "process") if k in before},
+        "server_after": {k: after[k] for k in ("kv", "connections", "running", "process") if k in after},
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="ws://127.0.0.1:8000/ws", help="a sendlens websocket on this machine")
+    p.add_argument("--clients", type=int, default=50)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--drop", action="store_true", help="each client drops its TCP connection mid-answer")
+    p.add_argument("--json", help="also write the report to this file")
+    args = p.parse_args(argv)
+    host = urlsplit(args.url).hostname
+    if host not in LOOPBACK:
+        p.error(f"--url must be on this machine ({', '.join(sorted(LOOPBACK))}); got {host!r}")
+    if not 1 <= args.clients <= MAX_CLIENTS or not 0 < args.seconds <= MAX_SECONDS:
+        p.error(f"--clients must be 1..{MAX_CLIENTS} and --seconds 0..{MAX_SECONDS}")
+    report = run(args.url, args.clients, args.seconds, args.max_tokens, args.drop)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    before, after = report["server_before"], report["server_after"]
+    ok = (report["lost"] == 0 and set(report["errors"]) <= {"overloaded"}
+          and after["kv"]["free_blocks"] == before["kv"]["free_blocks"] and after["connections"] == 0)
+    print("OK: nothing lost, every block back" if ok else "NOT OK: see lost, errors and the KV blocks above")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
