@@ -20,6 +20,20 @@ def plotly_path() -> Path:
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
+def plotly_style_hashes() -> list[str]:
+    """CSP hashes of the style sheets plotly.js writes into <style> elements by itself (the map
+    library's, at load), read from the installed file, so the policy follows the installed version."""
+    import base64
+    import re
+
+    pattern = r"""createElement\("style"\);\w+\.id="[0-9a-f]+",\w+\.textContent='((?:[^'\\]|\\.)*)'"""
+    out = []
+    for m in re.finditer(pattern, plotly_path().read_text()):
+        text = m.group(1).encode().decode("unicode_escape") if "\\" in m.group(1) else m.group(1)
+        out.append("'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'")
+    return out
+
+
 def load(name: str) -> dict:
     cache = current_app.extensions.setdefault("sendlens_assets", {})
     if name not in cache:

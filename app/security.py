@@ -9,8 +9,8 @@ and the security headers of every response.
   unless the origin is this site (a trusted host on the same port) or in `allowed_origins`;
   `null` and `file://` never pass. Embeds keep working on any site: the iframe's page, and so its
   socket, comes from this server. A client that sends no Origin is not a browser page and is let in.
-- Headers: a content security policy for every response (scripts, styles and sockets from this
-  site only; frames of /embed/ pages from `frame_ancestors`, of the rest from this site), and the
+- Headers: a content security policy for every response (scripts, style sheets and sockets from
+  this site only, style attributes allowed for plotly.js; frames of /embed/ pages from `frame_ancestors`, of the rest from this site), and the
   usual companions.
 """
 
@@ -20,6 +20,18 @@ from urllib.parse import urlsplit
 from flask import Flask, abort, request
 
 WS_PATH = "/ws"
+
+# plotly.js styles its charts through style attributes (d3's .attr("style")), adds its rules to an
+# empty <style> element through the CSSOM, and writes its map library's sheet into another. Allowed:
+# style attributes, an empty <style> element (the hash of the empty string), and exactly the
+# sheets the installed plotly.js carries (hashed at start). Scripts are never inline.
+EMPTY_STYLE_HASH = "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"
+
+
+def style_policy() -> str:
+    from .assets import plotly_style_hashes
+    return (f"style-src-elem 'self' {' '.join([EMPTY_STYLE_HASH, *plotly_style_hashes()])}; "
+            "style-src-attr 'unsafe-inline'")
 
 
 def machine_names() -> list[str]:
@@ -55,6 +67,7 @@ def init_app(app: Flask, cfg) -> None:
     trusted = machine_names() + cfg.trusted_hosts.split()
     allowed = set(cfg.allowed_origins.split())
     app.config["TRUSTED_HOSTS"] = trusted
+    styles = style_policy()
 
     @app.before_request
     def check_host_and_origin():
@@ -72,7 +85,7 @@ def init_app(app: Flask, cfg) -> None:
             host = None
         sockets = f" ws://{host} wss://{host}" if host else ""
         resp.headers["Content-Security-Policy"] = (
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            f"default-src 'self'; script-src 'self'; style-src 'self'; {styles}; img-src 'self' data:; "
             f"font-src 'self'; connect-src 'self'{sockets}; object-src 'none'; base-uri 'none'; "
             f"form-action 'self'; frame-ancestors {ancestors}")
         if not embed:
