@@ -46,7 +46,7 @@ def rope(call) -> None:
     layer = integer(call.msg, "layer", 0, info["num_layers"] - 1, default=0)
     head = integer(call.msg, "head", 0, info["num_heads"] - 1, default=0)
     query = token_index(call.msg, "query", T, T - 1)
-    key = token_index(call.msg, "key", T, 0)
+    key = token_index(call.msg, "key", T, max(query - 1, 0))
     if key > query:
         raise InvalidParameter("key", f"must be at most query ({query}): a token attends only to itself "
                                       f"and the tokens before it, got {key}")

@@ -90,6 +90,22 @@ def test_norms_match_transformers(real_ws, hf_reference):
     final = torch.tensor(r["residual_norm"][-1])
     assert not torch.allclose(final, hf_model.model.norm(residual[-1]).norm(dim=-1), rtol=1e-2)
     check_entropy(r)
+    # attention entropy from transformers' own attention weights (eager attention returns them)
+    weights = hf_attentions(hf_model, ids)                                # (L, H, T, T)
+    h = -(weights * weights.clamp_min(1e-30).log()).sum(-1)               # (L, H, T)
+    assert torch.allclose(torch.tensor(r["attention_entropy"]), h.mean(dim=1), atol=1e-3)
+    assert torch.allclose(torch.tensor(r["head_entropy"]), h.mean(dim=2), atol=1e-3)
+
+
+def hf_attentions(hf_model, ids):
+    previous = hf_model.config._attn_implementation
+    hf_model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = hf_model(torch.tensor([ids]), output_attentions=True)
+    finally:
+        hf_model.set_attn_implementation(previous)
+    return torch.stack([a[0] for a in out.attentions])
 
 
 @pytest.mark.browser

@@ -44,9 +44,10 @@ def test_rope_refuses_bad_input_naming_the_field(ws):
     assert len(reply["q_raw"]) == cfg["head_dim"] and len(reply["clock"]["pairs"]) == cfg["head_dim"] // 2
 
 
-def test_rope_defaults_to_the_last_token_against_the_first(ws):
+def test_rope_defaults_to_the_last_token_against_the_one_before(ws):
     reply = ws.call("rope", text=TEXT)
-    assert reply["query"] == len(reply["tokens"]) - 1 and reply["key"] == 0
+    assert reply["query"] == len(reply["tokens"]) - 1 and reply["key"] == reply["query"] - 1
+    assert ws.call("rope", text=TEXT, query=0)["key"] == 0
     assert reply["layer"] == 0 and reply["head"] == 0
 
 

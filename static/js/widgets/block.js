@@ -19,9 +19,9 @@ const OPTIONS = {
 };
 
 const METRICS = {
-  residual_norm: { label: "residual norm", title: "Size of the residual stream after the block (L2 norm)", color: "#2f5fd0", scale: "Blues" },
-  attention_entropy: { label: "attention entropy", title: "Entropy of the token's attention, mean over heads (nats)", color: "#1d7a4f", scale: "Greens" },
-  mlp_update_norm: { label: "MLP update", title: "Size of what the MLP adds to the residual stream (L2 norm)", color: "#d0702f", scale: "Oranges" },
+  residual_norm: { label: "residual norm", title: "Size of the residual stream after the block (L2 norm)", color: "#2f5fd0", scale: "Blues", log: true },
+  attention_entropy: { label: "attention entropy", title: "Entropy of the token's attention, mean over heads (nats)", color: "#1d7a4f", scale: "Greens", log: false },
+  mlp_update_norm: { label: "MLP update", title: "Size of what the MLP adds to the residual stream (L2 norm)", color: "#d0702f", scale: "Oranges", log: true },
 };
 
 export function mount(root, ctx) {
@@ -74,8 +74,8 @@ export function mount(root, ctx) {
   function drawAnatomy(info) {
     const W = 300, x0 = 34, bx = 96, bw = 190;
     const parts = [svg("line", { x1: x0, x2: x0, y1: 18, y2: 330, stroke: "#2f5fd0", "stroke-width": 3 })];
-    parts.push(svg("text", { x: x0, y: 12, "text-anchor": "middle", "font-size": 11, fill: "#1d1f23", text: `residual stream in (${info.hidden_size})` }));
-    parts.push(svg("text", { x: x0, y: 346, "text-anchor": "middle", "font-size": 11, fill: "#1d1f23", text: "out, to the next block" }));
+    parts.push(svg("text", { x: x0 - 12, y: 12, "font-size": 11, fill: "#1d1f23", text: `residual stream in: ${info.hidden_size} numbers per token` }));
+    parts.push(svg("text", { x: x0 - 12, y: 346, "font-size": 11, fill: "#1d1f23", text: "residual stream out, to the next block" }));
     const box = (y, h, label, sub, fill) => {
       parts.push(svg("rect", { x: bx, y, width: bw, height: h, rx: 6, fill, stroke: "#c9c6bd" }));
       parts.push(svg("text", { x: bx + 10, y: y + 17, "font-size": 12, "font-weight": 600, fill: "#1d1f23", text: label }));
@@ -158,16 +158,29 @@ export function mount(root, ctx) {
     const m = METRICS[state.metric];
     const labels = r.tokens.map((tok, i) => `${i} ${escapeLabel(visibleWhitespace(tok.text))}`);
     const blocks = r.residual_norm.map((_, l) => `block ${l}`);
+    // norms span orders of magnitude (the first token's stream grows far larger than the rest):
+    // their colours follow log10, the hover shows the value itself
+    const values = r[state.metric];
+    const z = m.log ? values.map((row) => row.map((v) => Math.log10(Math.max(v, 1e-6)))) : values;
+    const ticks = m.log ? logTicks(values) : null;
     await plot(chart, [{
-      type: "heatmap", z: r[state.metric], x: labels, y: blocks, colorscale: m.scale, reversescale: true,
-      hovertemplate: `%{y}, token %{x}<br>${escapeLabel(m.label)}: %{z:.3f}<extra></extra>`,
-      colorbar: { thickness: 10, len: 0.9 },
+      type: "heatmap", z, customdata: values, x: labels, y: blocks, colorscale: m.scale, reversescale: true,
+      hovertemplate: `%{y}, token %{x}<br>${escapeLabel(m.label)}: %{customdata:.4g}<extra></extra>`,
+      colorbar: { thickness: 10, len: 0.9, ...(ticks ? { tickvals: ticks.map(Math.log10), ticktext: ticks.map(String) } : {}) },
     }], {
       height: Math.max(260, 60 + 13 * r.num_layers),
       margin: { l: 64, b: 70, r: 8 },
       yaxis: { autorange: "reversed", tickfont: { size: 9 } },
       xaxis: { tickangle: -50, tickfont: { size: 9 }, automargin: true },
     });
+  }
+
+  function logTicks(values) {
+    const flat = values.flat().filter((v) => v > 0);
+    const lo = Math.floor(Math.log10(Math.min(...flat))), hi = Math.ceil(Math.log10(Math.max(...flat)));
+    const ticks = [];
+    for (let e = lo; e <= hi; e += 1) ticks.push(10 ** e);
+    return ticks;
   }
 
   function drawTokens(tokens) {
