@@ -148,3 +148,31 @@ def test_block_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
     overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, overflow
     pg.assert_clean()
+
+
+def drain(gen):
+    """Run a job generator to the end: (what it yielded, what it returned)."""
+    items = []
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as stop:
+            return items, stop.value
+
+
+def test_the_job_runs_in_slices_with_progress_per_layer(tiny_loaded):
+    from types import SimpleNamespace
+
+    from app.jobs import Progress
+    from app.widgets.block import layers_job
+    from core.model import Transformer
+
+    engine = SimpleNamespace(model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
+                             tokenizer=tiny_loaded.tokenizer)
+    ids = tiny_loaded.tokenizer.encode(TEXT)
+    items, result = drain(layers_job(engine, ids))
+    L = tiny_loaded.config.num_layers
+    progress = [i for i in items if isinstance(i, Progress)]
+    assert [(p.done, p.total, p.note) for p in progress] == [(l + 1, L, f"layer {l + 1} of {L}") for l in range(L)]
+    assert len(items) > len(progress)                  # the slices between layers pause too
+    assert result["num_layers"] == L and len(result["residual_norm"][0]) == len(ids)

@@ -187,3 +187,28 @@ def test_positions_on_the_walkthrough_carries_settings_into_the_snippet(pg, arti
     overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, overflow
     pg.assert_clean()
+
+
+def test_the_job_stops_after_the_layer_it_needs(tiny_loaded):
+    from types import SimpleNamespace
+
+    from app.jobs import Progress
+    from app.widgets.positions import rope_job
+    from core.model import Transformer
+
+    engine = SimpleNamespace(model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
+                             tokenizer=tiny_loaded.tokenizer)
+    ids = tiny_loaded.tokenizer.encode(TEXT)
+    for layer in range(tiny_loaded.config.num_layers):
+        gen = rope_job(engine, ids, layer=layer, head=0, query=len(ids) - 1, key=0)
+        items = []
+        while True:
+            try:
+                items.append(next(gen))
+            except StopIteration as stop:
+                result = stop.value
+                break
+        progress = [i for i in items if isinstance(i, Progress)]
+        assert [p.note for p in progress] == [f"layer {l + 1} of {layer + 1}" for l in range(layer)]
+        assert result["layer"] == layer
+    assert all(not block.attn.qkv_proj._forward_hooks for block in engine.model.layers)  # hooks removed

@@ -60,7 +60,7 @@ export function mount(root, ctx) {
         figure("Inside one block", ["live"], [anatomy]),
         figure("Grouped-query attention", ["live"], [gqa, gqaNote]),
       ]),
-      el("div", { class: "col" }, [
+      el("div", { class: "col col-stack" }, [
         figure("The stack, for your text", ["live"], [
           el("div", { class: "stats" }, [numLayers.node, embeddingNorm.node, finalNorm.node, maxEntropy.node]),
           stack, stackNote,

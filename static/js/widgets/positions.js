@@ -100,7 +100,7 @@ export function mount(root, ctx) {
   }
 
   function drawTable(r) {
-    const head = el("tr", {}, [el("th", { text: "offset" }), ...r.starts.map((p) => el("th", { text: `p = ${p.toLocaleString("en-US")}` })), el("th", { text: "spread" })]);
+    const head = el("tr", {}, [el("th", { text: "offset" }), ...r.starts.map((p) => el("th", { text: `p=${p.toLocaleString("en-US")}` })), el("th", { text: "spread" })]);
     const rows = r.offsets.map((offset, i) => {
       const mean = r.scores[i].reduce((a, b) => a + b, 0) / r.scores[i].length;
       const cells = r.scores[i].map((s, j) => el("td", {
