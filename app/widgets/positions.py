@@ -81,7 +81,7 @@ def rope_job(engine, ids: list[int], layer: int, head: int, query: int, key: int
     kv_head = head // (cfg.num_heads // cfg.num_kv_heads)
     q = record.q_raw[query, head]            # (D,) the query before RoPE
     k = record.k_raw[key, kv_head]           # (D,) the key before RoPE, shared by the head's group
-    out = {
+    return {
         "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.tokenizer.token_texts(ids))],
         "layer": layer, "head": head, "kv_head": kv_head, "query": query, "key": key,
         "head_dim": cfg.head_dim, "theta": cfg.rope_theta,
@@ -91,7 +91,6 @@ def rope_job(engine, ids: list[int], layer: int, head: int, query: int, key: int
         "clock": clock(model.rotary, q, cfg.rope_theta),
         **offset_table(model.rotary, q, k),
     }
-    return out
 
 
 def rotate(rotary, vector: torch.Tensor, positions) -> torch.Tensor:

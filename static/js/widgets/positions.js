@@ -6,6 +6,7 @@
 
 import { el, field, select, setState, svg, debounce } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
+import { plot, purge } from "../lib/chart.js";
 import { fmtNum } from "../lib/format.js";
 import { tokenChips } from "../lib/tokens.js";
 
@@ -48,6 +49,7 @@ export function mount(root, ctx) {
   const maxSpreadRel = stat("Relative", { key: "max_spread_rel", note: "spread ÷ largest |score|" });
   const offsetRange = stat("Offsets vary", { key: "offset_range", note: "range of scores over offsets" });
   const table = el("div", { class: "rope-table-wrap" });
+  const chart = el("div", { class: "chart rope-chart", "aria-label": "Score against offset, one line per absolute position" });
   const tableNote = el("p", { class: "note" });
 
   root.append(
@@ -63,7 +65,7 @@ export function mount(root, ctx) {
       ]),
       figure("Same distance, same score", ["live"], [
         el("p", { class: "note", text: "The same query and key, rotated as if the key sat at position p and the query offset tokens later. Each row is one offset; across a row only p changes." }),
-        table, tableNote,
+        chart, table, tableNote,
         el("div", { class: "stats" }, [maxSpread.node, maxSpreadRel.node, offsetRange.node]),
       ]),
     ]),
@@ -116,6 +118,25 @@ export function mount(root, ctx) {
       + `position × frequency is stored in 32 bits, so near position ${r.starts[r.starts.length - 1].toLocaleString("en-US")} it is off by about 1e-4 of a radian.`;
   }
 
+  // One line per absolute position p: they lie on top of each other, because only the offset counts.
+  function drawChart(r) {
+    const marks = ["circle-open", "square-open", "diamond-open", "x-thin-open"];
+    const palette = ["#2f5fd0", "#1d7a4f", "#d0702f", "#8a3f8f"];
+    const x = r.offsets.map(String);
+    return plot(chart, r.starts.map((p, j) => ({
+      type: "scatter", mode: "lines+markers", name: `key at ${p.toLocaleString("en-US")}`, x,
+      y: r.scores.map((row) => row[j]),
+      line: { color: palette[j % palette.length], width: 1.5, dash: j ? "dot" : "solid" },
+      marker: { symbol: marks[j % marks.length], size: 6 + 3 * j, color: palette[j % palette.length] },
+      hovertemplate: `offset %{x}, key at ${p}: %{y:.5f}<extra></extra>`,
+    })), {
+      height: 220, showlegend: true, legend: { orientation: "h", y: 1.18, x: 0, font: { size: 10 } },
+      margin: { t: 28, b: 36, l: 44 },
+      xaxis: { type: "category", title: { text: "offset (query position − key position)", font: { size: 10 } } },
+      yaxis: { title: { text: "q·k/√D", font: { size: 10 } } },
+    });
+  }
+
   function render(r) {
     state.result = r;
     const half = r.head_dim / 2;
@@ -133,6 +154,7 @@ export function mount(root, ctx) {
     offsetRange.set(r.offset_range, fmtNum(r.offset_range, 3));
     drawTable(r);
     drawControls(r.tokens);
+    return drawChart(r);
   }
 
   function drawControls(tokens) {
@@ -174,12 +196,12 @@ export function mount(root, ctx) {
     return client.call(body, {
       signal: controller.signal,
       onProgress: (p) => { progress.textContent = `Computing ${p.note}…`; },
-    }).then((r) => {
+    }).then(async (r) => {
       if (controller.signal.aborted) return;
       state.query = r.query;
       state.key = r.key;
       syncOptions();
-      render(r);
+      await render(r);
       progress.textContent = `Layer ${r.layer}, head ${r.head} (shares KV head ${r.kv_head}): query token ${r.query}, key token ${r.key}.`;
       setState(root, "ready");
     }).catch((err) => {
@@ -213,6 +235,7 @@ export function mount(root, ctx) {
     onText.cancel();
     state.abort?.abort();
     cleanups.forEach((fn) => fn());
+    purge(chart);
     root.replaceChildren();
   };
 }
