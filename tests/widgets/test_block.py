@@ -176,3 +176,16 @@ def test_the_job_runs_in_slices_with_progress_per_layer(tiny_loaded):
     assert [(p.done, p.total, p.note) for p in progress] == [(l + 1, L, f"layer {l + 1} of {L}") for l in range(L)]
     assert len(items) > len(progress)                  # the slices between layers pause too
     assert result["num_layers"] == L and len(result["residual_norm"][0]) == len(ids)
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_a_token_the_text_lacks_falls_back_to_the_last(pg):
+    page = pg.page
+    pg.goto("/embed/block?text=Hello+there+friend&token=999&metric=nonsense")
+    wait_ready(page, BLOCK)
+    last = page.locator(f'{BLOCK} select[name="token"] option').count() - 1
+    assert page.input_value(f'{BLOCK} select[name="token"]') == str(last)
+    assert page.input_value(f'{BLOCK} select[name="metric"]') == "residual_norm"
+    assert figure_value(page, "final_residual_norm") > 0
+    pg.assert_clean()

@@ -212,3 +212,16 @@ def test_the_job_stops_after_the_layer_it_needs(tiny_loaded):
         assert [p.note for p in progress] == [f"layer {l + 1} of {layer + 1}" for l in range(layer)]
         assert result["layer"] == layer
     assert all(not block.attn.qkv_proj._forward_hooks for block in engine.model.layers)  # hooks removed
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_token_indices_the_text_lacks_fall_back_to_the_defaults(pg):
+    page = pg.page
+    pg.goto("/embed/positions?text=Hello+there+friend&query=999&key=998")
+    wait_ready(page, POS)
+    last = page.locator(f'{POS} select[name="query"] option').count() - 1
+    assert page.input_value(f'{POS} select[name="query"]') == str(last)
+    assert page.input_value(f'{POS} select[name="key"]') == str(last - 1)
+    assert figure_value(page, "real_offset") == 1
+    pg.assert_clean()
