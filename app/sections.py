@@ -93,7 +93,7 @@ SECTIONS: tuple[Section, ...] = (
              "When a query and a key are both turned, their dot product (the sum of the products of matching "
              "numbers) depends only on the difference between their angles, so on the distance between the two "
              "tokens, not on where they sit. The widget tests this on the model's real vectors: a query and a "
-             "key placed the same distance apart give the same score near the start of a text and hundreds of "
+             "key placed the same distance apart give the same score near the start of a text and thousands of "
              "tokens later, up to rounding.")),
     Section(5, "block", "The transformer block", ("block",), ("live",),
             "{model_label}'s {num_layers} blocks as a stack, with live per-layer figures for your prompt (size of the residual "
