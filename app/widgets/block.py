@@ -33,11 +33,11 @@ def layers_job(engine, ids: list[int]):
     model = engine.model
     L = model.config.num_layers
     residual, attn_update, mlp_update, entropy, head_entropy = [], [], [], [], []
-    for item in probes.slices(model, ids, attention=True):
+    for item in probes.slices(model, ids):
         if item is None:
             yield None
             continue
-        h = probes.entropy(item.attention)                 # (H, T) nats, one per head and token
+        h = item.entropy                                   # (H, T) nats, one per head and token
         residual.append(item.residual)                     # (T,)
         attn_update.append(item.attn_update)               # (T,)
         mlp_update.append(item.mlp_update)                 # (T,)
