@@ -7,10 +7,12 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import chat
+from . import chat, embedding, tokenizer
 
 WIDGETS = [
     chat.WIDGET,
+    tokenizer.WIDGET,
+    embedding.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}

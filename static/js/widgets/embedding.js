@@ -1,0 +1,193 @@
+// Section 3, "Embeddings": pick a token (type a word, or an ID) and see the lookup for what it
+// is, indexing: the ID selects one row of the embedding table, and that row is the vector. The
+// row is drawn as a strip of its real values; beside it, the rows that point the most the same
+// way (cosine over the whole table). Click a neighbour to look it up in turn.
+
+import { el, setState, svg } from "../lib/dom.js";
+import { figure, stat } from "../lib/figures.js";
+import { fmtNum } from "../lib/format.js";
+import { escapeLabel, plot, purge } from "../lib/chart.js";
+import { tokenChips } from "../lib/tokens.js";
+
+const DEFAULT_TOKEN = " cat";
+
+// Options from the URL (docs/widgets.md): a word (its first token is used) or an ID, and k.
+const OPTIONS = {
+  token: { type: "string", default: DEFAULT_TOKEN, maxLength: 200 },
+  token_id: { type: "int", default: null, min: 0 },
+  k: { type: "int", default: 10, choices: [5, 10, 20, 50] },
+};
+
+// A token's text for a label: whitespace visible, byte pieces as their bytes.
+function shown(tok) {
+  if (tok.special) return tok.text;
+  if (tok.bytes) return tok.bytes.toUpperCase();
+  return tok.text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
+}
+
+export function mount(root, ctx) {
+  const client = ctx.client;
+  const opts = ctx.readOptions(OPTIONS).values;
+  const state = { seq: 0, current: null, alive: true, abort: null };
+
+  // ---- controls ----
+  const wordInput = el("input", { type: "text", class: "word", "aria-label": "Word", name: "token", spellcheck: "false" });
+  wordInput.value = opts.token_id === null ? opts.token : "";
+  const idInput = el("input", { type: "number", min: "0", step: "1", "aria-label": "Token ID", name: "token_id" });
+  if (opts.token_id !== null) idInput.value = String(opts.token_id);
+  const kSelect = el("select", { "aria-label": "Neighbours" }, OPTIONS.k.choices.map((v) => el("option", { value: String(v), text: String(v) })));
+  kSelect.value = String(opts.k);
+  const form = el("form", { class: "controls" }, [
+    el("label", { class: "field" }, [el("span", { class: "field-label", text: "word" }), wordInput]),
+    el("label", { class: "field" }, [el("span", { class: "field-label", text: "or ID" }), idInput]),
+    el("label", { class: "field" }, [el("span", { class: "field-label", text: "neighbours" }), kSelect]),
+    el("button", { type: "submit", class: "primary", text: "Look up" }),
+  ]);
+  const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const picked = el("p", { class: "note picked" });
+
+  // ---- the lookup, the row, the figures ----
+  const diagram = el("div", { class: "lookup", "aria-label": "The lookup as indexing" });
+  const strip = el("div", { class: "chart strip" });
+  const tokenId = stat("Token ID", { key: "token_id", note: "= its row number" });
+  const rowNorm = stat("Row length", { key: "row_norm", note: "L2 norm of the row" });
+  const topCos = stat("Top cosine", { key: "top_cosine", note: "nearest other row" });
+  const list = el("ol", { class: "neighbours", "aria-label": "Nearest rows by cosine" });
+  const listNote = el("p", { class: "note" });
+
+  root.append(
+    form, progress,
+    el("div", { class: "grid" }, [
+      figure("The lookup: an ID picks a row", ["live"], [picked, diagram, strip,
+        el("div", { class: "stats" }, [tokenId.node, rowNorm.node, topCos.node])]),
+      figure("Rows pointing the same way", ["live"], [listNote, list]),
+    ]),
+  );
+
+  function drawDiagram(r) {
+    const W = 560, H = 150, tx = 250, tw = 46, ty = 14, th = 118;
+    const y = ty + (r.token_id / (r.num_rows - 1)) * th;
+    const label = shown(r.token);
+    const parts = [
+      svg("text", { x: 4, y: 58, class: "d-label", text: "token" }),
+      svg("text", { x: 4, y: 80, class: "d-token", text: label.length > 14 ? `${label.slice(0, 13)}…` : label }),
+      svg("text", { x: 4, y: 102, class: "d-id", text: `ID ${r.token_id.toLocaleString("en-US")}` }),
+      svg("line", { x1: 120, y1: 97, x2: tx - 8, y2: y, class: "d-arrow", "marker-end": "url(#emb-arrow)" }),
+      svg("rect", { x: tx, y: ty, width: tw, height: th, class: "d-table" }),
+      svg("text", { x: tx + tw / 2, y: ty - 4, "text-anchor": "middle", class: "d-small", text: "row 0" }),
+      svg("text", { x: tx + tw / 2, y: ty + th + 12, "text-anchor": "middle", class: "d-small", text: `row ${(r.num_rows - 1).toLocaleString("en-US")}` }),
+      svg("text", { x: tx - 6, y: ty + th / 2 + 40, "text-anchor": "end", class: "d-small", text: `${r.num_rows.toLocaleString("en-US")} rows` }),
+      svg("rect", { x: tx - 3, y: y - 2, width: tw + 6, height: 4, class: "d-row" }),
+      svg("line", { x1: tx + tw + 6, y1: y, x2: 350, y2: 75, class: "d-arrow", "marker-end": "url(#emb-arrow)" }),
+      svg("text", { x: 358, y: 62, class: "d-label", text: `row ${r.token_id.toLocaleString("en-US")} = the vector` }),
+      svg("text", { x: 358, y: 82, class: "d-small", text: `${r.hidden_size} numbers, copied as they are:` }),
+      svg("text", { x: 358, y: 98, class: "d-small", text: "nothing is multiplied" }),
+      svg("defs", {}, [svg("marker", { id: "emb-arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
+        [svg("path", { d: "M0,0 L10,5 L0,10 z", class: "d-head" })])]),
+    ];
+    diagram.replaceChildren(svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `ID ${r.token_id} selects row ${r.token_id} of ${r.num_rows}` }, parts));
+  }
+
+  function drawStrip(r) {
+    const label = escapeLabel(shown(r.token));
+    return plot(strip, [{
+      type: "heatmap", z: [r.row], x: r.row.map((_, i) => i), y: [label],
+      colorscale: "RdBu", reversescale: true, zmid: 0,
+      hovertemplate: "dimension %{x}: %{z:.4f}<extra></extra>",
+      colorbar: { thickness: 8, len: 1, outlinewidth: 0, tickfont: { size: 9 } },
+    }], {
+      height: 120, margin: { l: 8, r: 8, t: 4, b: 34 },
+      xaxis: { title: { text: `dimension (0–${r.hidden_size - 1})`, font: { size: 10 } }, tickfont: { size: 9 }, fixedrange: true },
+      yaxis: { visible: false, fixedrange: true },
+    });
+  }
+
+  function drawNeighbours(r) {
+    const top = r.neighbours.length ? r.neighbours[0].cosine : 0;
+    list.replaceChildren(...r.neighbours.map((n, i) => {
+      const [chip] = tokenChips([n], { onClick: () => lookUp({ token_id: n.id }), title: () => `ID ${n.id} · cosine ${n.cosine.toFixed(4)} · click to look it up` });
+      const width = Math.max(0, n.cosine) / Math.max(top, 1e-9) * 100;
+      return el("li", { class: "neighbour" }, [
+        el("span", { class: "rank muted", text: String(i + 1) }),
+        chip,
+        el("span", { class: "nid muted", text: `ID ${n.id.toLocaleString("en-US")}` }),
+        el("span", { class: "bar" }, [el("span", { class: "fill", style: `width:${width.toFixed(1)}%` })]),
+        el("span", { class: "cos", text: n.cosine.toFixed(3) }),
+      ]);
+    }));
+    listNote.textContent = `The ${r.neighbours.length} rows of all ${r.num_rows.toLocaleString("en-US")} with the highest cosine to row ${r.token_id.toLocaleString("en-US")}; the token itself (cosine 1) is left out. Click one to look it up.`;
+  }
+
+  function render(r) {
+    const tok = shown(r.token);
+    if (r.text_tokens && r.text_tokens.length > 1) {
+      picked.replaceChildren(`“${state.current.text}” is ${r.text_tokens.length} tokens; this is the first: `,
+        ...tokenChips(r.text_tokens, { className: (t, i) => (i === 0 ? "first" : "rest"), breakLines: false }));
+    } else {
+      picked.textContent = r.text_tokens
+        ? `“${state.current.text}” is one token, “${tok}”, ID ${r.token_id.toLocaleString("en-US")}.`
+        : `Token ID ${r.token_id.toLocaleString("en-US")} is “${tok}”.`;
+    }
+    tokenId.set(r.token_id, r.token_id.toLocaleString("en-US"));
+    rowNorm.set(r.row_norm, fmtNum(r.row_norm, 4));
+    topCos.set(r.neighbours.length ? r.neighbours[0].cosine : null, r.neighbours.length ? r.neighbours[0].cosine.toFixed(4) : "–");
+    drawDiagram(r);
+    drawNeighbours(r);
+    return drawStrip(r);
+  }
+
+  // ---- asking the server ----
+  function lookUp(what) {
+    const k = Number(kSelect.value);
+    if (what.token_id !== undefined) {
+      idInput.value = String(what.token_id);
+      wordInput.value = "";
+    }
+    state.current = what;
+    ctx.setOptions(what.token_id !== undefined ? { token: null, token_id: what.token_id, k } : { token: what.text, token_id: null, k }, OPTIONS);
+    const seq = ++state.seq;
+    state.abort?.abort();                       // the previous lookup is no longer wanted
+    const abort = state.abort = new AbortController();
+    setState(root, "loading");
+    progress.textContent = "Computing cosines over the whole table…";
+    return client.call({ type: "embedding", ...what, k }, {
+      onProgress: (p) => { if (seq === state.seq) progress.textContent = `${p.note} …`; },
+      signal: abort.signal,
+    }).then((r) => {
+      if (seq !== state.seq || !state.alive) return null;
+      progress.textContent = "";
+      if (what.text !== undefined) idInput.value = String(r.token_id);
+      return render(r).then(() => setState(root, "ready"));
+    }).catch((err) => {
+      if (seq !== state.seq || !state.alive) return;
+      progress.textContent = "";
+      setState(root, "error", err.message);
+    });
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const word = wordInput.value;
+    if (word !== "" && document.activeElement !== idInput) lookUp({ text: word });
+    else if (idInput.value !== "") lookUp({ token_id: Number(idInput.value) });
+    else if (word !== "") lookUp({ text: word });
+  });
+  wordInput.addEventListener("input", () => { idInput.value = ""; });
+  idInput.addEventListener("input", () => { wordInput.value = ""; });
+  kSelect.addEventListener("change", () => { if (state.current) lookUp(state.current); });
+
+  const start = () => client.ready().then((hello) => {
+    idInput.max = String(hello.vocab_size - 1);
+    const first = opts.token_id !== null && opts.token_id < hello.vocab_size ? { token_id: opts.token_id } : { text: opts.token || DEFAULT_TOKEN };
+    return lookUp(first);
+  }).catch((err) => setState(root, "error", err.message));
+  start();
+  const offStatus = client.onStatus((status) => { if (status === "open" && root.dataset.state === "error") start(); });
+  return () => {
+    state.alive = false;
+    state.abort?.abort();
+    offStatus();
+    purge(strip);
+    root.replaceChildren();
+  };
+}
