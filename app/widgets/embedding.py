@@ -72,6 +72,7 @@ def neighbours_work(token_id: int, k: int):
             "self_excluded": True,
             "neighbours": [{**lone_piece(tokenizer, int(i)), "cosine": round(float(v), 7)}
                            for v, i in zip(values, ids)],
+            "nearest_row": rounded(table[int(ids[0])], 7),          # (C,): to draw beside the row
         }
     return work
 

@@ -84,10 +84,10 @@ def _complete(data: bytes) -> tuple[str, bytes]:
 
 
 def lone_piece(tokenizer, tid: int) -> dict:
-    """One token on its own (a neighbour in a list): its text, with U+FFFD for a partial character,
-    and its bytes in hex when it is not whole characters."""
+    """One token on its own (a neighbour in a list): its text, the whole characters in it, and its
+    bytes in hex when it holds part of a character."""
     raw, special = token_bytes(tokenizer, [tid])[0]
-    return {"id": tid, "text": raw.decode("utf-8", errors="replace"), "special": special,
+    return {"id": tid, "text": raw.decode("utf-8", errors="ignore"), "special": special,
             "bytes": None if _whole(raw) else raw.hex(" ")}
 
 

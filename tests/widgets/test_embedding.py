@@ -40,6 +40,8 @@ def test_row_and_neighbours_equal_transformers(real_ws, hf_reference, token_id, 
     assert [n["id"] for n in reply["neighbours"]] == ids
     assert [n["cosine"] for n in reply["neighbours"]] == pytest.approx(cosines, abs=1e-5)
     assert token_id not in [n["id"] for n in reply["neighbours"]] and reply["self_excluded"]
+    nearest = torch.tensor(reply["nearest_row"], dtype=torch.float64)
+    assert torch.allclose(nearest, table[ids[0]].double(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.real_model

@@ -86,7 +86,7 @@ def test_text_is_bounded_by_the_message_size(ws):
 @pytest.mark.real_model
 def test_tokenizer_page_shows_real_chips_from_the_url(pg, artifacts_dir, hf_reference):
     _, hf_tok = hf_reference
-    text = "<|im_start|>user\nHello   world 😀 日本<|im_end|>"
+    text = "<|im_start|>user\nHello   world 😀 Привет<|im_end|>"
     query = "?text=" + __import__("urllib.parse").parse.quote(text)
     shoot_widget(pg, "tokenizer", artifacts_dir, query)
     page = pg.page

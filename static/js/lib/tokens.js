@@ -5,7 +5,8 @@ import { el } from "./dom.js";
 import { visibleWhitespace } from "./format.js";
 
 // tokens: [{ id, text, special?, kind?, bytes? }]; a token with `bytes` (hex, from the tokenizer
-// widget) is not whole characters on its own: its chip shows those bytes, marked as a byte piece.
+// widget) is not whole characters on its own: its chip shows those bytes, marked as a byte piece,
+// and the character it completes, if any.
 // options.className(tok, i) adds classes,
 // options.title(tok, i) sets the tooltip, options.onClick(tok, i) makes chips buttons.
 export function tokenChips(tokens, options = {}) {
@@ -22,6 +23,8 @@ export function tokenChips(tokens, options = {}) {
       "data-id": String(tok.id),
       text: text || "∅",
     });
+    // a byte piece that completes a character also shows that character, after its bytes
+    if (tok.bytes && kind !== "special" && tok.text.trim()) chip.append(el("span", { class: "tok-completes", text: visibleWhitespace(tok.text) }));
     if (options.onClick) chip.addEventListener("click", () => options.onClick(tok, i));
     nodes.push(chip);
     if (options.breakLines !== false && tok.text.includes("\n")) nodes.push(el("br"));

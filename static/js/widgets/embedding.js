@@ -5,7 +5,7 @@
 
 import { el, setState, svg } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
-import { fmtNum } from "../lib/format.js";
+import { fmtNum, visibleWhitespace as visible } from "../lib/format.js";
 import { escapeLabel, plot, purge } from "../lib/chart.js";
 import { tokenChips } from "../lib/tokens.js";
 
@@ -22,7 +22,7 @@ const OPTIONS = {
 function shown(tok) {
   if (tok.special) return tok.text;
   if (tok.bytes) return tok.bytes.toUpperCase();
-  return tok.text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
+  return visible(tok.text);
 }
 
 export function mount(root, ctx) {
@@ -49,6 +49,7 @@ export function mount(root, ctx) {
   // ---- the lookup, the row, the figures ----
   const diagram = el("div", { class: "lookup", "aria-label": "The lookup as indexing" });
   const strip = el("div", { class: "chart strip" });
+  const stripNote = el("p", { class: "note strip-note" });
   const tokenId = stat("Token ID", { key: "token_id", note: "= its row number" });
   const rowNorm = stat("Row length", { key: "row_norm", note: "L2 norm of the row" });
   const topCos = stat("Top cosine", { key: "top_cosine", note: "nearest other row" });
@@ -58,55 +59,61 @@ export function mount(root, ctx) {
   root.append(
     form, progress,
     el("div", { class: "grid" }, [
-      figure("The lookup: an ID picks a row", ["live"], [picked, diagram, strip,
+      figure("The lookup: an ID picks a row", ["live"], [picked, diagram, stripNote, strip,
         el("div", { class: "stats" }, [tokenId.node, rowNorm.node, topCos.node])]),
       figure("Rows pointing the same way", ["live"], [listNote, list]),
     ]),
   );
 
+  // The lookup drawn as what it is: the ID points at one row of a tall table, and that row is
+  // the vector (the strip below). Row positions are to scale.
   function drawDiagram(r) {
-    const W = 560, H = 150, tx = 250, tw = 46, ty = 14, th = 118;
+    const W = 400, H = 150, tx = 170, tw = 40, ty = 14, th = 118;
     const y = ty + (r.token_id / (r.num_rows - 1)) * th;
     const label = shown(r.token);
+    const rowText = `row ${r.token_id.toLocaleString("en-US")}`;
     const parts = [
-      svg("text", { x: 4, y: 58, class: "d-label", text: "token" }),
-      svg("text", { x: 4, y: 80, class: "d-token", text: label.length > 14 ? `${label.slice(0, 13)}…` : label }),
-      svg("text", { x: 4, y: 102, class: "d-id", text: `ID ${r.token_id.toLocaleString("en-US")}` }),
-      svg("line", { x1: 120, y1: 97, x2: tx - 8, y2: y, class: "d-arrow", "marker-end": "url(#emb-arrow)" }),
-      svg("rect", { x: tx, y: ty, width: tw, height: th, class: "d-table" }),
-      svg("text", { x: tx + tw / 2, y: ty - 4, "text-anchor": "middle", class: "d-small", text: "row 0" }),
-      svg("text", { x: tx + tw / 2, y: ty + th + 12, "text-anchor": "middle", class: "d-small", text: `row ${(r.num_rows - 1).toLocaleString("en-US")}` }),
-      svg("text", { x: tx - 6, y: ty + th / 2 + 40, "text-anchor": "end", class: "d-small", text: `${r.num_rows.toLocaleString("en-US")} rows` }),
-      svg("rect", { x: tx - 3, y: y - 2, width: tw + 6, height: 4, class: "d-row" }),
-      svg("line", { x1: tx + tw + 6, y1: y, x2: 350, y2: 75, class: "d-arrow", "marker-end": "url(#emb-arrow)" }),
-      svg("text", { x: 358, y: 62, class: "d-label", text: `row ${r.token_id.toLocaleString("en-US")} = the vector` }),
-      svg("text", { x: 358, y: 82, class: "d-small", text: `${r.hidden_size} numbers, copied as they are:` }),
-      svg("text", { x: 358, y: 98, class: "d-small", text: "nothing is multiplied" }),
       svg("defs", {}, [svg("marker", { id: "emb-arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
         [svg("path", { d: "M0,0 L10,5 L0,10 z", class: "d-head" })])]),
+      svg("text", { x: 2, y: 56, class: "d-label", text: "token" }),
+      svg("text", { x: 2, y: 78, class: "d-token", text: label.length > 10 ? `${label.slice(0, 9)}…` : label }),
+      svg("text", { x: 2, y: 98, class: "d-id", text: `ID ${r.token_id.toLocaleString("en-US")}` }),
+      svg("line", { x1: 96, y1: 93, x2: tx - 8, y2: y, class: "d-arrow", "marker-end": "url(#emb-arrow)" }),
+      svg("rect", { x: tx, y: ty, width: tw, height: th, class: "d-table" }),
+      svg("text", { x: tx + tw / 2 + 4, y: ty + th / 2, "text-anchor": "middle", transform: `rotate(-90 ${tx + tw / 2 + 4} ${ty + th / 2})`, class: "d-small", text: `${r.num_rows.toLocaleString("en-US")} rows` }),
+      svg("text", { x: tx + tw / 2, y: ty - 4, "text-anchor": "middle", class: "d-small", text: "row 0" }),
+      svg("text", { x: tx + tw / 2, y: ty + th + 13, "text-anchor": "middle", class: "d-small", text: `row ${(r.num_rows - 1).toLocaleString("en-US")}` }),
+      svg("rect", { x: tx - 3, y: y - 2, width: tw + 6, height: 4, class: "d-row" }),
+      svg("line", { x1: tx + tw + 6, y1: y, x2: 240, y2: 70, class: "d-arrow", "marker-end": "url(#emb-arrow)" }),
+      svg("text", { x: 246, y: 62, class: "d-label", text: `${rowText} = the vector` }),
+      svg("text", { x: 246, y: 80, class: "d-small", text: `${r.hidden_size} numbers, used as` }),
+      svg("text", { x: 246, y: 94, class: "d-small", text: "they are: nothing is" }),
+      svg("text", { x: 246, y: 108, class: "d-small", text: "multiplied (drawn below)" }),
     ];
     diagram.replaceChildren(svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `ID ${r.token_id} selects row ${r.token_id} of ${r.num_rows}` }, parts));
   }
 
+  // The row as a heatmap strip, with the nearest neighbour's row under it: similar directions
+  // show as similar stripes.
   function drawStrip(r) {
-    const label = escapeLabel(shown(r.token));
+    const rows = [{ label: shown(r.token), values: r.row }];
+    if (r.nearest_row) rows.unshift({ label: `${shown(r.neighbours[0])} (nearest)`, values: r.nearest_row });
     return plot(strip, [{
-      type: "heatmap", z: [r.row], x: r.row.map((_, i) => i), y: [label],
-      colorscale: "RdBu", reversescale: true, zmid: 0,
-      hovertemplate: "dimension %{x}: %{z:.4f}<extra></extra>",
+      type: "heatmap", z: rows.map((x) => x.values), x: r.row.map((_, i) => i), y: rows.map((x) => escapeLabel(x.label)),
+      colorscale: "RdBu", reversescale: true, zmid: 0, ygap: 3,
+      hovertemplate: "%{y} · dimension %{x}: %{z:.4f}<extra></extra>",
       colorbar: { thickness: 8, len: 1, outlinewidth: 0, tickfont: { size: 9 } },
     }], {
-      height: 120, margin: { l: 8, r: 8, t: 4, b: 34 },
+      height: 150, margin: { l: 8, r: 8, t: 4, b: 34 },
       xaxis: { title: { text: `dimension (0–${r.hidden_size - 1})`, font: { size: 10 } }, tickfont: { size: 9 }, fixedrange: true },
-      yaxis: { visible: false, fixedrange: true },
+      yaxis: { automargin: true, tickfont: { size: 10, family: "ui-monospace, DejaVu Sans Mono, monospace" }, fixedrange: true },
     });
   }
 
   function drawNeighbours(r) {
-    const top = r.neighbours.length ? r.neighbours[0].cosine : 0;
     list.replaceChildren(...r.neighbours.map((n, i) => {
       const [chip] = tokenChips([n], { onClick: () => lookUp({ token_id: n.id }), title: () => `ID ${n.id} · cosine ${n.cosine.toFixed(4)} · click to look it up` });
-      const width = Math.max(0, n.cosine) / Math.max(top, 1e-9) * 100;
+      const width = Math.max(0, n.cosine) * 100;   // cosine 1 would fill the bar
       return el("li", { class: "neighbour" }, [
         el("span", { class: "rank muted", text: String(i + 1) }),
         chip,
@@ -121,17 +128,18 @@ export function mount(root, ctx) {
   function render(r) {
     const tok = shown(r.token);
     if (r.text_tokens && r.text_tokens.length > 1) {
-      picked.replaceChildren(`“${state.current.text}” is ${r.text_tokens.length} tokens; this is the first: `,
+      picked.replaceChildren(`“${visible(state.current.text)}” is ${r.text_tokens.length} tokens; this is the first: `,
         ...tokenChips(r.text_tokens, { className: (t, i) => (i === 0 ? "first" : "rest"), breakLines: false }));
     } else {
       picked.textContent = r.text_tokens
-        ? `“${state.current.text}” is one token, “${tok}”, ID ${r.token_id.toLocaleString("en-US")}.`
+        ? `“${visible(state.current.text)}” is one token, “${tok}”, ID ${r.token_id.toLocaleString("en-US")}.`
         : `Token ID ${r.token_id.toLocaleString("en-US")} is “${tok}”.`;
     }
     tokenId.set(r.token_id, r.token_id.toLocaleString("en-US"));
     rowNorm.set(r.row_norm, fmtNum(r.row_norm, 4));
     topCos.set(r.neighbours.length ? r.neighbours[0].cosine : null, r.neighbours.length ? r.neighbours[0].cosine.toFixed(4) : "–");
     drawDiagram(r);
+    stripNote.textContent = `Row ${r.token_id.toLocaleString("en-US")} as a strip: each of its ${r.hidden_size} values is one column, blue above zero and red below${r.nearest_row ? `, with the nearest row, ${shown(r.neighbours[0])}, under it for comparison` : ""}. Hover for a value.`;
     drawNeighbours(r);
     return drawStrip(r);
   }
