@@ -124,3 +124,22 @@ def test_embedding_by_id_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
     overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0
     pg.assert_clean()
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_a_word_typed_alone_offers_its_spaced_token(pg, hf_reference):
+    _, hf_tok = hf_reference
+    alone = hf_tok.encode("dog", add_special_tokens=False)
+    spaced = hf_tok.encode(" dog", add_special_tokens=False)
+    assert alone[0] != spaced[0]
+    page = pg.page
+    pg.goto("/embed/embedding?token=dog&k=5")
+    wait_ready(page, EMB)
+    assert figure_value(page, "token_id") == alone[0]
+    offer = page.locator(f'{EMB} .picked button.tok[data-id="{spaced[0]}"]')
+    offer.click()
+    page.wait_for_function(f"""() => document.querySelector('{EMB} [data-figure="token_id"]')
+                               ?.dataset.value === '{spaced[0]}'""")
+    assert page.input_value(f'{EMB} input[name="token"]') == " dog"
+    pg.assert_clean()

@@ -62,6 +62,17 @@ def test_partial_characters_carry_their_bytes(ws):
     assert [t["text"] for t in tokens[:-1]] == [""] * (len(tokens) - 1) and tokens[-1]["text"] == "😀"
 
 
+def test_every_token_of_the_vocabulary_has_the_bytes_the_tokenizer_decodes(tiny_loaded):
+    """The byte-level alphabet read back: each token's bytes decode as transformers decodes it alone."""
+    from app.widgets.tokenizer import token_bytes
+    tok = tiny_loaded.tokenizer
+    ids = list(range(tok.vocab_size))
+    decoded = tok.token_texts(ids)
+    for tid, (raw, special), text in zip(ids, token_bytes(tok, ids), decoded):
+        assert raw.decode("utf-8", errors="replace") == text, tid
+        assert special == (tid in tok.special_ids)
+
+
 @pytest.mark.parametrize("msg, param", [
     ({"type": "tokenize", "id": "e1"}, "text"),
     ({"type": "tokenize", "id": "e1", "text": ""}, "text"),

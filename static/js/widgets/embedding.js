@@ -125,6 +125,19 @@ export function mount(root, ctx) {
     listNote.textContent = `The ${r.neighbours.length} rows of all ${r.num_rows.toLocaleString("en-US")} with the highest cosine to row ${r.token_id.toLocaleString("en-US")}; the token itself (cosine 1) is left out. Click one to look it up.`;
   }
 
+  // A word typed alone is the token for the start of a text; in a sentence it follows a space,
+  // which is part of another token. Offer that one.
+  function offerSpaced(text, tokenIdNow, seq) {
+    client.call({ type: "tokenize", text: ` ${text}` }).then((t) => {
+      const first = t.tokens[0];
+      if (seq !== state.seq || !state.alive || !first || first.id === tokenIdNow) return;
+      picked.append(" After a space, as inside a sentence, it begins with another token: ",
+        ...tokenChips([first], { onClick: () => { wordInput.value = ` ${text}`; lookUp({ text: ` ${text}` }); },
+          title: () => `ID ${first.id}: click to look it up` }),
+        ` (ID ${first.id.toLocaleString("en-US")}).`);
+    }).catch(() => {});
+  }
+
   function render(r) {
     const tok = shown(r.token);
     if (r.text_tokens && r.text_tokens.length > 1) {
@@ -135,6 +148,7 @@ export function mount(root, ctx) {
         ? `“${visible(state.current.text)}” is one token, “${tok}”, ID ${r.token_id.toLocaleString("en-US")}.`
         : `Token ID ${r.token_id.toLocaleString("en-US")} is “${tok}”.`;
     }
+    if (r.text_tokens && !/^\s/.test(state.current.text)) offerSpaced(state.current.text, r.token_id, state.seq);
     tokenId.set(r.token_id, r.token_id.toLocaleString("en-US"));
     rowNorm.set(r.row_norm, fmtNum(r.row_norm, 4));
     topCos.set(r.neighbours.length ? r.neighbours[0].cosine : null, r.neighbours.length ? r.neighbours[0].cosine.toFixed(4) : "–");
