@@ -40,7 +40,7 @@ def _byte_decoder() -> dict[str, int]:
 def token_bytes(tokenizer, ids) -> list[tuple[bytes, bool]]:
     """(raw bytes, is special) of each token id: what the token stands for before any decoding."""
     decoder = _byte_decoder()
-    pieces = tokenizer.hf.convert_ids_to_tokens(list(ids))
+    pieces = tokenizer.vocab_pieces(ids)
     out = []
     for tid, piece in zip(ids, pieces):
         if tid in tokenizer.special_ids:
