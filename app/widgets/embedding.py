@@ -23,7 +23,7 @@ from .tokenizer import lone_piece, pieces
 
 MAX_K = 50
 DEFAULT_K = 10
-CHUNK_ROWS = 16384        # rows of the table per slice of the job (about 10 ms on a laptop core)
+CHUNK_ROWS = 16384        # rows of the table per slice of the job (about 13 ms, measured on 2 cores)
 
 
 def chosen_token(call) -> tuple[int, list[dict] | None]:
@@ -57,7 +57,7 @@ def neighbours_work(token_id: int, k: int):
             chunk = table[start:start + CHUNK_ROWS]                 # (R, C)
             norms = chunk.norm(dim=1).clamp_min(1e-12)              # (R,)
             cosines[start:start + CHUNK_ROWS] = (chunk @ row) / (norms * row_norm.clamp_min(1e-12))
-            yield from_progress(start + chunk.shape[0], total)
+            yield progress(start + chunk.shape[0], total)
         cosines[token_id] = float("-inf")                           # the token itself is not its neighbour
         values, ids = cosines.topk(k)                               # (k,), (k,)
         tokenizer = engine.tokenizer
@@ -77,7 +77,7 @@ def neighbours_work(token_id: int, k: int):
     return work
 
 
-def from_progress(done: int, total: int) -> Progress:
+def progress(done: int, total: int) -> Progress:
     return Progress(done, total, f"cosine against rows {done:,} of {total:,}")
 
 

@@ -1,5 +1,7 @@
 """Widget `tokenizer`: the real tokens of any text, checked against transformers' tokenizer."""
 
+from urllib.parse import quote
+
 import pytest
 
 from conftest import figure_value, shoot_widget, wait_ready
@@ -98,7 +100,7 @@ def test_text_is_bounded_by_the_message_size(ws):
 def test_tokenizer_page_shows_real_chips_from_the_url(pg, artifacts_dir, hf_reference):
     _, hf_tok = hf_reference
     text = "<|im_start|>user\nHello   world 😀 Привет<|im_end|>"
-    query = "?text=" + __import__("urllib.parse").parse.quote(text)
+    query = "?text=" + quote(text)
     shoot_widget(pg, "tokenizer", artifacts_dir, query)
     page = pg.page
     pg.goto("/embed/tokenizer" + query)
