@@ -114,6 +114,8 @@ def test_tokenizer_page_shows_real_chips_from_the_url(pg, artifacts_dir, hf_refe
     assert [int(x) for x in chips.evaluate_all("els => els.map(e => e.dataset.id)")] == ids
     assert page.locator(f"{TOK} .tokens .tok-special").count() == 2
     assert page.locator(f"{TOK} .tokens .tok-special").first.inner_text() == "<|im_start|>"
+    page.click(f"{TOK} .ids summary")
+    assert page.inner_text(f"{TOK} .id-list") == "[" + ", ".join(map(str, ids)) + "]"
 
     page.fill(f"{TOK} textarea", "Hello world")
     page.wait_for_function("""() => document.querySelector('[data-widget="tokenizer"] [data-figure="num_tokens"]')

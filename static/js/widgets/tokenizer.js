@@ -47,12 +47,15 @@ export function mount(root, ctx) {
   const chips = el("div", { class: "tokens", "aria-label": "Tokens" });
   const detail = el("p", { class: "note detail", text: "Click a token for its ID and bytes." });
   const specialNote = el("p", { class: "note special-note", hidden: true });
+  const idList = el("code", { class: "id-list" });
+  const idSummary = el("summary", { text: "The IDs the model receives" });
+  const ids = el("details", { class: "ids" }, [idSummary, idList]);
 
   root.append(
     figure("Your text, as the model receives it", ["live"], [
       input, examples,
       el("div", { class: "stats" }, [numTokens.node, numWords.node, numChars.node]),
-      ratio, legend, chips, detail, specialNote,
+      ratio, legend, chips, detail, specialNote, ids,
     ]),
   );
 
@@ -78,6 +81,8 @@ export function mount(root, ctx) {
       nodes.push(el("span", { class: "more muted", text: ` … and ${(reply.tokens.length - shown.length).toLocaleString("en-US")} more tokens (counted above, not drawn)` }));
     }
     chips.replaceChildren(...nodes);
+    idSummary.textContent = `The ${reply.num_tokens.toLocaleString("en-US")} IDs the model receives`;
+    idList.textContent = `[${reply.tokens.slice(0, MAX_CHIPS).map((t) => t.id).join(", ")}${reply.tokens.length > MAX_CHIPS ? ", …" : ""}]`;
     detail.textContent = "Click a token for its ID and bytes.";
     numTokens.set(reply.num_tokens, fmtNum(reply.num_tokens));
     numWords.set(reply.num_words, fmtNum(reply.num_words));
@@ -97,6 +102,7 @@ export function mount(root, ctx) {
     ctx.setOptions({ text }, OPTIONS);
     if (!text) {
       chips.replaceChildren();
+      idList.textContent = "[]";
       for (const s of [numTokens, numWords, numChars]) s.set(0);
       ratio.textContent = "Type something.";
       specialNote.hidden = true;
