@@ -58,10 +58,15 @@ SECTIONS: tuple[Section, ...] = (
              "includes the space, so the word cat after a space and cat at the very start of the text are two "
              "different tokens with different IDs. The widget draws spaces and line breaks as visible marks, so "
              "you can see which token took them.",
-             "Special tokens are pieces nobody types. They mark structure, such as the start and end of a chat "
-             "turn or the end of a text, and the chat template puts them in. Everything that follows is counted "
-             "in tokens, not words: the context window, the time to answer, the price of a hosted model. That is "
-             "why the widget shows both counts.")),
+             "The pieces are made of bytes, not letters. Text is first written as UTF-8 bytes, and a letter "
+             "outside the basic Latin alphabet takes two to four of them, so an emoji or a rare character can be "
+             "cut into pieces that each hold only part of it. The widget shows such a piece as its bytes, beside "
+             "the character it completes.",
+             "Special tokens mark structure, such as the start and end of a chat turn or the end of a text, and "
+             "the chat template puts them in. They are written like text, <|im_start|> for instance, and this "
+             "tokenizer turns that string into the special token wherever it appears, even typed inside a message. "
+             "Everything that follows is counted in tokens, not words: the context window, the time to answer, the "
+             "price of a hosted model. That is why the widget shows both counts.")),
     Section(3, "embedding", "Embeddings", ("embedding",), ("live",),
             "Pick a token and see its real row of the model's embedding table drawn as a strip of {hidden_size} values, with "
             "the tokens whose rows point in the most similar directions.",

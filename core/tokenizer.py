@@ -72,6 +72,13 @@ class Tokenizer:
         with self._lock:
             return [self.hf.decode([i], skip_special_tokens=False) for i in ids]
 
+    def vocab_pieces(self, ids) -> list[str]:
+        """Each token as its vocabulary stores it: byte-level BPE writes every byte as one printable
+        character (GPT-2's table), so a piece may be part of a character (the tokenizer widget
+        reads the bytes back)."""
+        with self._lock:
+            return self.hf.convert_ids_to_tokens(list(ids))
+
     def render_template(self, messages, add_generation_prompt: bool = True) -> str:
         with self._lock:
             return self.hf.apply_chat_template(messages, tokenize=False,

@@ -7,10 +7,12 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import block, chat, positions
+from . import block, chat, embedding, positions, tokenizer
 
 WIDGETS = [
     chat.WIDGET,
+    tokenizer.WIDGET,
+    embedding.WIDGET,
     positions.WIDGET,
     block.WIDGET,
 ]
