@@ -29,8 +29,9 @@ def test_index_shows_all_sections(pg, artifacts_dir):
     resp = pg.goto("/")
     assert resp.status == 200
     page = pg.page
-    for name in BUILT:
-        wait_ready(page, f'[data-widget="{name}"]')
+    for name in BUILT:   # widgets mount when scrolled near (lazily): bring each into view
+        page.locator(f'[data-widget="{name}"]').scroll_into_view_if_needed()
+        wait_ready(page, f'[data-widget="{name}"]', 120_000)
     headings = page.locator("main section > h2").all_inner_texts()
     assert [" ".join(h.split()) for h in headings] == [f"{s.number} {s.title}" for s in SECTIONS]
     assert page.locator("main section").evaluate_all("els => els.map(e => e.id)") == [s.slug for s in SECTIONS]
@@ -203,4 +204,29 @@ def test_embed_widget_reaches_ready(pg, artifacts_dir, name):
     box = page.locator(f'[data-widget="{name}"]').bounding_box()
     assert box["width"] > 600 and box["height"] > 200
     page.screenshot(path=str(artifacts_dir / f"embed-{name}.png"), full_page=True)
+    pg.assert_clean()
+
+
+def test_widgets_below_the_fold_wait_until_scrolled_near(pg):
+    pg.goto("/")
+    page = pg.page
+    wait_ready(page, CHAT)
+    far = BUILT[-1] if BUILT[-1] != "chat" else None
+    if far is None:
+        pytest.skip("only the chat is built")
+    assert page.get_attribute(f'[data-widget="{far}"]', "data-state") == "loading"
+    page.locator(f'[data-widget="{far}"]').scroll_into_view_if_needed()
+    wait_ready(page, f'[data-widget="{far}"]', 120_000)
+    pg.assert_clean()
+
+
+def test_the_walkthrough_reads_on_a_phone(pg, artifacts_dir):
+    pg.page.set_viewport_size({"width": 390, "height": 844})
+    pg.goto("/")
+    page = pg.page
+    page.locator(CHAT).scroll_into_view_if_needed()
+    wait_ready(page, CHAT)
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px on a phone"
+    page.screenshot(path=str(artifacts_dir / "index-phone-390.png"))
     pg.assert_clean()
