@@ -32,6 +32,7 @@ class ServerConfig:
     # -- the engine's queues --
     max_queue: int = 256                  # requests waiting for the engine before "overloaded"
     max_queued_tokens: int = 64 * 1024    # prompt tokens waiting for the engine before "overloaded"
+    max_tokens_per_connection: int = 16 * 1024  # prompt tokens of one connection's requests in flight (fair share)
     max_queued_jobs: int = 64             # widget jobs in the runner at once, all clients together
     job_cache_entries: int = 128          # widget results kept by their inputs (a classroom computes once)
     # -- what one request may ask --

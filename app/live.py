@@ -91,6 +91,7 @@ class Connection:
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # JSON texts for the writer, or None to stop
         self.outbox_bytes = 0                  # bytes queued and not yet sent
         self.requests: dict[object, str] = {}  # client id -> engine request id
+        self.request_tokens: dict[object, int] = {}  # client id -> its prompt tokens
         self.jobs: set[object] = set()         # client ids of jobs in flight
         self.lock = threading.Lock()
         self.closed = False                    # the reader stops
@@ -257,13 +258,21 @@ class Connection:
                 raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
                                                   "running on this connection (max_requests_per_connection)",
                                     "connection")
+            held = sum(self.request_tokens.values())
+            if held and held + seq.num_prompt_tokens > self.config.max_tokens_per_connection:
+                raise ProtocolError("overloaded", f"this connection's requests in flight already hold {held} prompt "
+                                                  f"tokens (max_tokens_per_connection "
+                                                  f"{self.config.max_tokens_per_connection}); wait for them to finish",
+                                    "connection")
             self.requests[mid] = seq.request_id
+            self.request_tokens[mid] = seq.num_prompt_tokens
         self.send(accepted)  # before any output can be queued
 
         def listener(out) -> None:  # on the engine loop's thread: only queue it
             if out.finished:
                 with self.lock:
                     self.requests.pop(mid, None)
+                    self.request_tokens.pop(mid, None)
             for message in format_output(mid, out):
                 self.send(message)
         self.runtime.loop.enqueue(seq, listener)

@@ -20,7 +20,7 @@ LIMITS = {
     "model": "tiny", "num_kv_blocks": 128, "testing": True,
     "max_connections": 8, "max_connections_per_address": 4, "max_message_bytes": 1024,
     "max_messages_per_second": 5, "max_outbox_bytes": 256 * 1024, "idle_timeout_s": 4,
-    "ping_interval_s": 1, "max_queued_tokens": 100, "max_tokens_limit": 64, "default_max_tokens": 8,
+    "ping_interval_s": 1, "max_queued_tokens": 100, "max_tokens_per_connection": 60, "max_tokens_limit": 64, "default_max_tokens": 8,
     "max_messages": 8,
 }
 
@@ -180,6 +180,19 @@ def test_queued_prompt_tokens_are_bounded(server, fresh):
         err = ws.error({"type": "generate", "id": "second", "prompt": prompt, "max_tokens": 2}, mid="second")
         assert err["code"] == "overloaded" and "max_queued_tokens" in err["message"]
     assert ws.finish(first, accepted=acc).done is not None
+    ws.close()
+
+
+def test_one_connection_holds_a_fair_share_of_prompt_tokens(server, fresh):
+    from test_protocol import engine_paused
+    ws = WS(server.ws)
+    prompt = "one two three four five six seven eight nine ten " * 4   # about 40 tokens
+    with engine_paused(server):
+        first = ws.start(prompt=prompt, max_tokens=2)
+        acc = ws.accepted(first)
+        err = ws.error({"type": "generate", "id": "second", "prompt": prompt, "max_tokens": 2}, mid="second")
+        assert err["code"] == "overloaded" and "max_tokens_per_connection" in err["message"]
+    assert ws.finish(first, accepted=acc).done
     ws.close()
 
 
