@@ -7,6 +7,7 @@ PYTHON ?= python3
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2-135m
+SETTINGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -14,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: serve test fast clean
 
 serve: $(VENV)/.serve-deps
-	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL)
+	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL) $(SETTINGS)
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest
