@@ -7,6 +7,7 @@ finished requests) -> record the step in the trace. The engine is single-threade
 runs it on a thread of its own for the web app; LLM drives it directly for offline use.
 """
 
+import dataclasses
 import itertools
 import random
 import time
@@ -57,6 +58,13 @@ class LLMEngine:
         self.start_time = time.perf_counter()
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
+
+    def sibling(self, **settings) -> "LLMEngine":
+        """A second engine on the same weights and tokenizer (no copy), with its own KV pool,
+        scheduler and trace, and `settings` (any EngineConfig field) changed: for experiments that
+        run beside the serving engine (the widgets' timing jobs) without touching its state."""
+        loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source)
+        return LLMEngine(dataclasses.replace(self.config, **settings), loaded)
 
     # -- requests ----------------------------------------------------------------------------
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -257,6 +265,16 @@ class LLMEngine:
             "bytes": self.cache.nbytes,
             "bytes_per_token": self.model_config.kv_values_per_token * BYTES_PER_VALUE,
         }
+
+
+@dataclasses.dataclass
+class _Shared:
+    """A loaded model's parts, handed from one engine to its sibling."""
+
+    config: object
+    state_dict: dict
+    tokenizer: object
+    source: str
 
 
 def _trim(slots: list) -> list:

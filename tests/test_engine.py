@@ -346,3 +346,21 @@ def test_bad_engine_config_through_llm(tiny_loaded):
     with pytest.raises(InvalidParameter) as exc:
         LLM("tiny", loaded=tiny_loaded, max_num_seqs=0)
     assert exc.value.param == "max_num_seqs"
+
+
+def test_a_sibling_shares_the_weights_and_nothing_else(make_tiny_engine):
+    from core import SamplingParams
+
+    engine = make_tiny_engine(num_kv_blocks=32)
+    sib = engine.sibling(num_kv_blocks=8, max_num_seqs=2, enable_prefix_caching=False)
+    assert sib.model.embed_tokens.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+    assert sib.cache is not engine.cache and sib.block_manager.num_blocks == 8
+    assert sib.config.max_num_seqs == 2 and engine.config.max_num_seqs != 2
+    params = SamplingParams(temperature=0.0, max_tokens=5)
+    a = engine.add_request("Hello there", params)
+    b = sib.add_request("Hello there", params)
+    while engine.has_unfinished_requests() or sib.has_unfinished_requests():
+        engine.step()
+        sib.step()
+    assert a.output_token_ids == b.output_token_ids
+    assert engine.num_steps == sib.num_steps
