@@ -12,6 +12,7 @@ from core.sampling_params import SamplingParams
 from core.tokenizer import validate_messages
 
 from .base import Widget, message
+from .tokenizer import pieces
 
 
 def chat_messages(msg: dict, config) -> list[dict]:
@@ -115,11 +116,14 @@ def generate(call) -> None:
 
 def template(call) -> None:
     rendered = call.tokenizer.render_chat(chat_messages(call.msg, call.config))
+    # each token's text as the characters it completes, and its bytes when it holds part of one
+    # (an emoji cut in two), as the tokenizer widget shows them: the same chips
+    shown = pieces(call.tokenizer, rendered.token_ids)
     call.reply({
         "text": rendered.text, "num_tokens": len(rendered.token_ids),
         "context_window": call.info["context_window"],
-        "tokens": [{"id": t.id, "text": t.text, "kind": t.kind.value, "role": t.role, "message": t.message}
-                   for t in rendered.tokens],
+        "tokens": [{"id": t.id, "text": p["text"], "bytes": p["bytes"], "kind": t.kind.value, "role": t.role,
+                    "message": t.message} for t, p in zip(rendered.tokens, shown)],
     })
 
 
