@@ -30,6 +30,16 @@ function makeContext(root, name) {
     options: rawOptions(name),
     // Read this widget's options against its spec: { values, invalid }.
     readOptions(spec) { return readOptions(this.options, spec); },
+    // Run start(hello) once connected, and again when a lost connection comes back; while it is
+    // lost, the widget says so. Returns the function that stops listening (call it on unmount).
+    connected(start) {
+      const run = () => this.client.ready().then(start).catch((err) => setState(root, "error", err.message));
+      run();
+      return this.client.onStatus((status) => {
+        if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
+        else if (status === "open" && root.dataset.state === "error") run();
+      });
+    },
     // The reader changed a setting: the embed snippet now carries it.
     setOptions(values, spec) {
       if (!snippet) return;

@@ -246,16 +246,11 @@ export function mount(root, ctx) {
   const onText = debounce(() => { state.token = null; if (input.value.trim()) run(); }, 600);
   input.addEventListener("input", onText);
 
-  const start = () => client.ready().then((hello) => {
+  cleanups.push(ctx.connected((hello) => {
     state.info = hello;
     anatomy.replaceChildren(drawAnatomy(hello));
     gqa.replaceChildren(drawGqa(hello));
     return run();
-  }).catch((err) => setState(root, "error", err.message));
-  start();
-  cleanups.push(client.onStatus((status) => {
-    if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-    else if (status === "open" && root.dataset.state === "error") start();
   }));
   return () => {
     onText.cancel();

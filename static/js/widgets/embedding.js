@@ -198,13 +198,11 @@ export function mount(root, ctx) {
   idInput.addEventListener("input", () => { wordInput.value = ""; });
   kSelect.addEventListener("change", () => { if (state.current) lookUp(state.current); });
 
-  const start = () => client.ready().then((hello) => {
+  const offStatus = ctx.connected((hello) => {
     idInput.max = String(hello.vocab_size - 1);
     const first = opts.token_id !== null && opts.token_id < hello.vocab_size ? { token_id: opts.token_id } : { text: opts.token || DEFAULT_TOKEN };
     return lookUp(first);
-  }).catch((err) => setState(root, "error", err.message));
-  start();
-  const offStatus = client.onStatus((status) => { if (status === "open" && root.dataset.state === "error") start(); });
+  });
   return () => {
     state.alive = false;
     state.abort?.abort();

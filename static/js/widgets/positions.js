@@ -220,16 +220,11 @@ export function mount(root, ctx) {
   const onText = debounce(() => { state.query = null; state.key = null; if (input.value.trim()) run(); }, 600);
   input.addEventListener("input", onText);
 
-  const start = () => client.ready().then((hello) => {
+  cleanups.push(ctx.connected((hello) => {
     state.info = hello;
     if (state.layer >= hello.num_layers) state.layer = Math.min(OPTIONS.layer.default, hello.num_layers - 1);
     if (state.head >= hello.num_heads) state.head = 0;
     return run();
-  }).catch((err) => setState(root, "error", err.message));
-  start();
-  cleanups.push(client.onStatus((status) => {
-    if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-    else if (status === "open" && root.dataset.state === "error") start();
   }));
   return () => {
     onText.cancel();

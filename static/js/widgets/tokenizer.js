@@ -121,12 +121,10 @@ export function mount(root, ctx) {
   const changed = debounce(() => tokenize().then(() => setState(root, "ready")).catch((err) => setState(root, "error", err.message)), 150);
   input.addEventListener("input", changed);
 
-  const start = () => client.ready().then((hello) => {
+  const offStatus = ctx.connected((hello) => {
     state.maxBytes = hello.limits.max_message_bytes;
-    return tokenize();
-  }).then(() => setState(root, "ready")).catch((err) => setState(root, "error", err.message));
-  start();
-  const offStatus = client.onStatus((status) => { if (status === "open" && root.dataset.state === "error") start(); });
+    return tokenize().then(() => setState(root, "ready"));
+  });
   return () => {
     state.alive = false;
     changed.cancel();
