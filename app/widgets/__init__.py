@@ -7,10 +7,12 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import chat
+from . import attention, chat, generation
 
 WIDGETS = [
     chat.WIDGET,
+    attention.WIDGET,
+    generation.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}
