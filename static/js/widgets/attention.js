@@ -69,7 +69,7 @@ export function mount(root, ctx) {
   // ---- figures ----
   const tiles = {
     tokens: stat("Tokens", { key: "num_tokens", note: "in your text" }),
-    bin: stat("Bin size", { key: "bin_size", note: "tokens per cell", badge: "computed" }),
+    bin: stat("Bin size", { key: "bin_size", note: "tokens per cell (1: exact)", badge: "computed" }),
     kv: stat("KV head", { key: "kv_head", note: "whose keys it reads" }),
     max: stat("Top weight", { key: "max_weight", note: "in the chosen row" }),
     sink: stat("On token 0", { key: "sink_weight", note: "mean over rows" }),
@@ -173,6 +173,7 @@ export function mount(root, ctx) {
     const data = [], layout = { plot_bgcolor: MASKED, annotations: [], shapes: [], margin: { l: 4, r: 4, t: 4, b: 4 } };
     const width = mapNode.clientWidth || 560;
     layout.height = Math.round(Math.min(640, Math.max(260, (width / cols) * nrows * 1.05)));
+    const narrow = width / cols < 150;  // short panel titles, so neighbours' titles never overlap
     r.heads.forEach((h, i) => {
       const row = Math.floor(i / cols), col = i % cols;
       const suffix = i === 0 ? "" : String(i + 1);
@@ -184,7 +185,8 @@ export function mount(root, ctx) {
       layout[`yaxis${suffix}`] = { ...hidden, domain: y, range: [T - 0.5, -0.5], anchor: `x${suffix}` };
       const focused = h === state.focus;
       layout.annotations.push({ xref: "paper", yref: "paper", x: (x[0] + x[1]) / 2, y: y[1], yanchor: "bottom", showarrow: false,
-        text: `head ${h} · KV ${r.kv_heads[i]}`, font: { size: 11, color: focused ? "#2f5fd0" : "#1d1f23" } });
+        text: narrow ? `h${h} · kv${r.kv_heads[i]}` : `head ${h} · KV ${r.kv_heads[i]}`,
+        font: { size: narrow ? 10 : 11, color: focused ? "#2f5fd0" : "#1d1f23" } });
       if (focused) {
         layout.shapes.push({ type: "rect", xref: "paper", yref: "paper", x0: x[0] - 0.004, x1: x[1] + 0.004, y0: y[0] - 0.006, y1: y[1] + 0.006,
           line: { color: "#2f5fd0", width: 2 } });
@@ -311,7 +313,7 @@ export function mount(root, ctx) {
       state.reply = reply;
       if (!reply.heads.includes(state.focus)) state.focus = reply.heads[0];
       tiles.tokens.set(reply.num_tokens);
-      tiles.bin.set(reply.bin_size, reply.bin_size === 1 ? "1 (exact)" : String(reply.bin_size));
+      tiles.bin.set(reply.bin_size);
       headTiles();
       drawChips();
       const wanted = state.wantQuery !== null && state.wantQuery < reply.num_tokens ? state.wantQuery : reply.num_tokens - 1;

@@ -43,6 +43,7 @@ export function reshape(candidates, temperature, topK, topP) {
 }
 
 const chipText = (text) => visibleWhitespace(text) || "∅";
+const withOutput = (label, output) => { label.append(output); return label; };  // a slider and its value wrap together
 
 export function mount(root, ctx) {
   const client = ctx.client;
@@ -99,8 +100,8 @@ export function mount(root, ctx) {
         field("chat template", chatBox), stepButton, resetButton, phase,
       ]),
       el("div", { class: "controls gen-sampling" }, [
-        field("temperature", temperature, null), tempOut,
-        field("top-k", topK), field("top-p", topP), topPOut,
+        withOutput(field("temperature", temperature), tempOut),
+        field("top-k", topK), withOutput(field("top-p", topP), topPOut),
         field("seed", seed), field("show top", top),
       ]),
       status,
