@@ -1,20 +1,21 @@
-"""Looking inside the model for the widgets, with forward hooks: the model itself stays clean.
+"""Looking inside the model for the widgets, from outside it: the model itself stays clean.
 
 A probe runs one uncached forward pass over a short text, one block at a time, and records what
 the widgets draw: each layer's rotated queries and keys, its attention weights, and the sizes of
 the updates the attention and the MLP add to the residual stream (the "residual stream" view of
 Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"). It calls the model's own
-modules, block by block, and reads the queries and keys with a forward hook on each block's q/k/v
-projection (TransformerLens' hook points, done with torch's register_forward_hook), so
-core/model.py has no code for it.
+modules and functions, block by block: the norms, the fused q/k/v projection, the rotary embedding,
+the engine's `attend` and the output projection, as Attention.forward does, so core/model.py has no
+code for it and the weights are the model's weights, not an approximation.
 
 `slices()` is a generator that pauses after each small piece of work, so the web app can run a
-long probe between serving steps and never stall a chat by more than one slice. Attention weights are
-recomputed from the hooked q and k with the engine's own `attend` (the same function the forward
-uses), so they are the model's weights, not an approximation.
+long probe between serving steps and never stall a chat by more than one slice. A block's attention
+is computed in slices of ATTENTION_ROWS queries (each query reads every key before it), so a text
+of a thousand tokens costs many short slices, not one long one. Every matrix multiply goes through
+the model's batch-invariant linear layers in whole panels, so the slices give the same numbers as
+one pass.
 """
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -45,52 +46,53 @@ def check_index(name: str, value, size: int) -> int:
     return value
 
 
-@contextmanager
-def _qkv_hook(block):
-    """Capture the output of a block's fused q/k/v projection while the block runs."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(module, args, output):
-        seen["qkv"] = output
-
-    handle = block.attn.qkv_proj.register_forward_hook(keep)
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
 MLP_ROWS = 256  # the MLP runs over at most this many tokens per slice (it is per token, so exact)
+ATTENTION_ROWS = 128  # queries per slice of a block's attention (and rows per slice of its q/k/v projection)
+
+
+def _attention(block, rotary, h: torch.Tensor, positions: torch.Tensor, want_weights: bool):
+    """A block's attention update for h (T, C), as Attention.forward computes it, in slices of
+    ATTENTION_ROWS rows: a generator of None returning (update (T, C), q, k, q_raw, k_raw, weights)."""
+    attn = block.attn
+    H, Hkv, D = attn.H, attn.Hkv, attn.D
+    T = h.shape[0]
+    qkv = h.new_empty(T, (H + 2 * Hkv) * D)
+    for start in range(0, T, ATTENTION_ROWS):
+        qkv[start:start + ATTENTION_ROWS] = attn.qkv_proj(h[start:start + ATTENTION_ROWS])   # (rows, (H+2Hkv)D)
+        yield None
+    q_raw, k_raw, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
+    q, k = rotary(q_raw, positions), rotary(k_raw, positions)            # (T, H, D), (T, Hkv, D)
+    update = torch.empty_like(h)                                         # (T, C)
+    weights = h.new_zeros(H, T, T) if want_weights else None             # zero above the diagonal
+    for start in range(0, T, ATTENTION_ROWS):
+        end = min(T, start + ATTENTION_ROWS)
+        mask = positions[None, :end] <= positions[start:end, None]       # (rows, end): causal
+        y, probs = attend(q[None, start:end], k[None, :end], v[None, :end], mask[None])  # (1, rows, H, D)
+        update[start:end] = attn.o_proj(y[0].reshape(end - start, H * D))
+        if weights is not None:
+            weights[:, start:end, :end] = probs[0]                       # (H, rows, end)
+        yield None
+    return update, q, k, q_raw, k_raw, weights
 
 
 @torch.inference_mode()
 def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False):
     """Run `ids` through the model in small slices: yields None after each slice of work and a
-    LayerRecord when a block is done. A slice is a block's attention, its attention weights, or
-    up to MLP_ROWS tokens of its MLP, so a caller can pause between slices for serving steps.
+    LayerRecord when a block is done. A slice is up to ATTENTION_ROWS rows of a block's q/k/v
+    projection or of its attention (with the weights, when asked for), or up to MLP_ROWS tokens of
+    its MLP, so a caller can pause between slices for serving steps.
 
     attention: True for every layer's weights, a set of layer indices for some, False for none.
     """
-    cfg = model.config
-    H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     T = len(ids)
     positions = torch.arange(T)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
     x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))  # (T, C)
     for i, block in enumerate(model.layers):
         # the block's two residual updates, as Block.forward adds them
-        with _qkv_hook(block) as seen:
-            a = block.attn(block.attn_norm(x), positions, model.rotary, None)   # (T, C)
+        want = attention is True or bool(attention and i in attention)
+        a, q, k, q_raw, k_raw, weights = yield from _attention(block, model.rotary, block.attn_norm(x), positions, want)
         x = x + a
-        yield None
-        q_raw, k_raw, v = seen["qkv"].split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
-        q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
-        weights = None
-        if attention is True or (attention and i in attention):
-            _, weights = attend(q[None], k[None], v[None], mask[None])          # (1, H, T, T)
-            weights = weights[0]
-            yield None
         h = block.mlp_norm(x)
         m = torch.empty_like(x)
         for start in range(0, T, MLP_ROWS):

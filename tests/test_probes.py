@@ -1,4 +1,4 @@
-"""core/probes.py: hooks see what the forward pass computes, and change nothing."""
+"""core/probes.py: probes see what the forward pass computes, and change nothing."""
 
 import pytest
 import torch
@@ -72,6 +72,24 @@ def test_slices_pause_between_pieces_of_work(tiny_model, ids, monkeypatch):
     assert len(records) == tiny_model.config.num_layers
     T = len(ids)
     mlp_slices = -(-T // 4)
-    # layer 0: attention, weights, MLP slices; layer 1: attention, MLP slices
-    assert len(items) - len(records) == (1 + 1 + mlp_slices) + (1 + mlp_slices)
+    # each layer: its q/k/v projection, its attention (with the weights when asked), its MLP slices
+    assert len(items) - len(records) == 2 * (1 + 1 + mlp_slices)
     assert torch.allclose(records[-1].residual, probes.run(tiny_model, ids)[-1].residual, rtol=1e-5)
+
+
+def test_long_texts_are_sliced_by_query_rows_and_equal_one_pass(tiny_model, monkeypatch):
+    """Attention in slices of query rows gives the block's own forward, weights included."""
+    ids = list(range(100, 150))                                     # 50 tokens
+    whole = probes.run(tiny_model, ids, attention=True)
+    monkeypatch.setattr(probes, "ATTENTION_ROWS", 8)               # 7 slices of queries
+    items = list(probes.slices(tiny_model, ids, attention=True))
+    records = [i for i in items if i is not None]
+    assert len(items) - len(records) == tiny_model.config.num_layers * (7 + 7 + 1)
+    for a, b in zip(whole, records):
+        assert torch.allclose(a.attention, b.attention, atol=1e-6)
+        assert torch.allclose(a.residual, b.residual, rtol=1e-5)
+    x = tiny_model.embed_tokens(torch.tensor(ids))
+    with torch.inference_mode():
+        for block in tiny_model.layers:
+            x = block(x, torch.arange(len(ids)), tiny_model.rotary)
+    assert torch.allclose(records[-1].residual, x.norm(dim=-1), rtol=1e-5)
