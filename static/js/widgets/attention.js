@@ -56,7 +56,7 @@ export function mount(root, ctx) {
   const cleanups = [];
 
   // ---- controls ----
-  const textBox = el("textarea", { class: "text-input", rows: 3, name: "text", "aria-label": "Text" });
+  const textBox = el("textarea", { class: "text-input", rows: 2, name: "text", "aria-label": "Text" });
   textBox.value = opts.text;
   const layerSel = el("select", { "aria-label": "Layer", name: "layer" });
   const headSel = el("select", { "aria-label": "Head", name: "head" });
@@ -224,6 +224,7 @@ export function mount(root, ctx) {
     tiles.max.set(weights[top], fmtNum(weights[top], 3));
     const after = r.num_tokens - q - 1;
     rowTitle.textContent = `Token #${q} "${visibleWhitespace(tokenText(q))}" in head ${state.focus} (layer ${r.layer}) puts ${fmtPct(weights[top])} of its attention on #${top} "${visibleWhitespace(tokenText(top))}". Its ${q + 1} weight${q ? "s sum to" : " is"} 1${after ? `; the ${after} token${after > 1 ? "s" : ""} after it ${after > 1 ? "are" : "is"} masked` : ""}.`;
+    tintChips(weights, top);
     const keys = weights.map((_, j) => j);
     const labelled = keys.length <= 40;
     await plot(rowNode, [{
@@ -240,7 +241,6 @@ export function mount(root, ctx) {
         : { title: { text: "key token (position)", font: { size: 11 } } },
       yaxis: { range: [0, Math.min(1, Math.max(0.05, weights[top] * 1.12))], title: { text: "weight", font: { size: 11 } } },
     });
-    tintChips(weights, top);
   }
 
   function tintChips(weights, top) {
@@ -265,33 +265,37 @@ export function mount(root, ctx) {
       return;
     }
     chips.hidden = false;
-    chips.replaceChildren(...tokenChips(r.tokens, { onClick: (tok, i) => selectQuery(i) }));
+    chips.replaceChildren(...tokenChips(r.tokens, { onClick: (tok, i) => pick(i) }));
     chipsNote.textContent = "Click a token to make it the query. Shading: how much weight the query puts on each token; tokens after it are masked.";
   }
 
+  // Make token q the query: its row as bars (exact: from the reply, or fetched when binned).
+  // Resolves once the map and the row are drawn.
   function selectQuery(q) {
     const r = state.reply;
     state.query = Math.max(0, Math.min(r.num_tokens - 1, q));
     queryInput.value = String(state.query);
     syncOptions();
     state.rowLoad?.abort();
+    let row;
     if (r.bin_size === 1) {
       state.row = r.weights[focusIndex()][state.query];
-      drawRow().catch(failed);
+      row = drawRow();
     } else {
       const load = new AbortController();
       state.rowLoad = load;
       rowTitle.textContent = `Fetching the exact row of token #${state.query}…`;
-      client.call({ type: "attention_row", ...state.sent, head: state.focus, query: state.query }, { signal: load.signal })
+      row = client.call({ type: "attention_row", ...state.sent, head: state.focus, query: state.query }, { signal: load.signal })
         .then((reply) => {
-          if (load.signal.aborted) return;
+          if (load.signal.aborted) return null;
           state.row = reply.weights[0];
-          drawRow().catch(failed);
+          return drawRow();
         })
-        .catch((err) => { if (err.code !== "aborted") setState(root, "error", err.message); });
+        .catch((err) => { if (err.code !== "aborted") throw err; return null; });
     }
-    drawMap().catch(failed);
+    return Promise.all([drawMap(), row]);
   }
+  const pick = (q) => selectQuery(q).catch((err) => setState(root, "error", err.message));
 
   // ---- asking the server ----
   function request() {
@@ -320,8 +324,7 @@ export function mount(root, ctx) {
       state.wantQuery = null;
       progress.textContent = "";
       root.classList.remove("busy");
-      selectQuery(wanted);
-      setState(root, "ready");
+      return selectQuery(wanted).then(() => { if (state.load === load) setState(root, "ready"); });
     }).catch((err) => {
       if (err.code === "aborted" || load.signal.aborted) return;
       progress.textContent = "";
@@ -341,7 +344,7 @@ export function mount(root, ctx) {
   });
   queryInput.addEventListener("change", () => {
     if (!state.reply || queryInput.value === "") return;
-    selectQuery(Number(queryInput.value));
+    pick(Number(queryInput.value));
   });
   function onMapClick(event) {
     const point = event.points?.[0];
@@ -351,7 +354,7 @@ export function mount(root, ctx) {
     headTiles();
     // a cell's y is the centre of its block: take the block's last query
     const block = Math.floor(point.y / r.bin_size + 1e-9);
-    selectQuery(Math.min(r.num_tokens - 1, (block + 1) * r.bin_size - 1));
+    pick(Math.min(r.num_tokens - 1, (block + 1) * r.bin_size - 1));
   }
 
   // ---- start ----
