@@ -77,10 +77,11 @@ class Call:
         (cached by this message type and `inputs`, which must determine the result)."""
         self.conn.start_job(self, inputs, work)
 
-    def generate(self, seq, format_output, accepted: dict) -> None:
-        """Stream a prepared engine sequence: first `accepted` (a reply of that type), then
-        format_output(id, out) -> the messages for each engine output."""
-        self.conn.start_request(self, seq, format_output, {"type": "accepted", "id": self.id, **accepted})
+    def generate(self, seq, format_output, accepted: dict | None = None) -> None:
+        """Run a prepared engine sequence: first `accepted` (a reply of that type) if given, then
+        format_output(id, out) -> the messages for each engine output (none, to answer only at the end)."""
+        first = None if accepted is None else {"type": "accepted", "id": self.id, **accepted}
+        self.conn.start_request(self, seq, format_output, first)
 
 
 class Connection:
@@ -251,7 +252,7 @@ class Connection:
                 self.jobs.discard(mid)
             raise
 
-    def start_request(self, call: Call, seq, format_output, accepted: dict) -> None:
+    def start_request(self, call: Call, seq, format_output, accepted: dict | None) -> None:
         mid = call.id
         with self.lock:
             if len(self.requests) >= self.config.max_requests_per_connection:
@@ -266,7 +267,8 @@ class Connection:
                                     "connection")
             self.requests[mid] = seq.request_id
             self.request_tokens[mid] = seq.num_prompt_tokens
-        self.send(accepted)  # before any output can be queued
+        if accepted is not None:
+            self.send(accepted)  # before any output can be queued
 
         def listener(out) -> None:  # on the engine loop's thread: only queue it
             if out.finished:

@@ -119,7 +119,7 @@ SECTIONS: tuple[Section, ...] = (
              "The live figures come from running your prompt through the model. For each layer they show how "
              "large the residual stream has grown, how spread out attention is (its entropy: high when a head "
              "looks at many tokens, low when it fixes on one), and how big the MLP's correction is.")),
-    Section(6, "attention", "Attention", ("attention",), ("live",),
+    Section(6, "attention", "Attention", ("attention",), ("live", "computed"),
             "Real attention weights of {model_label} for your text in any layer and head: click a token to see how its "
             "attention is divided among the tokens before it, with the causal mask visible and all {num_heads} heads of a "
             "layer side by side.",
@@ -135,7 +135,7 @@ SECTIONS: tuple[Section, ...] = (
              "park most of their weight on the first token when nothing else is relevant, and heads that pick "
              "out an earlier word related to the current one. The small multiples show all {num_heads} heads of a layer; "
              "each group of {group} reads the same keys and values but asks different questions.")),
-    Section(7, "generation", "Prefill once, decode one token at a time", ("generation",), ("live",),
+    Section(7, "generation", "Prefill once, decode one token at a time", ("generation",), ("live", "measured"),
             "Step through a real generation: one prefill pass, then a decode step per click, with the most "
             "likely next tokens and their probabilities from the real logits, reshaped live by temperature, "
             "top-k and top-p, and the KV cache growing by one token each step.",

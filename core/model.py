@@ -8,7 +8,7 @@ heads and Hkv key/value heads of size D, V vocabulary.
 The forward pass takes a packed batch of tokens from many sequences with explicit positions and
 no padding, so one engine step can mix prefill chunks and decode tokens (see attention.py).
 Without a PagedBatch it runs one whole sequence with plain causal attention. Nothing here knows
-about the widgets: core/probes.py looks inside with forward hooks on these modules.
+about the widgets: core/probes.py looks inside by running these modules itself, block by block.
 """
 
 import torch

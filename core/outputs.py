@@ -62,11 +62,12 @@ class RequestMetrics:
 
 @dataclass
 class Candidate:
-    """One likely next token: its probability from the raw logits and after the sampling filters."""
+    """One likely next token: its raw logit, its probability from the logits and after the sampling filters."""
 
     token_id: int
     prob: float        # softmax of the logits at temperature 1
     final_prob: float  # after temperature, top-k and top-p (what was actually sampled from)
+    logit: float       # the model's raw logit (before temperature), so a client can reshape the distribution
 
 
 @dataclass

@@ -4,7 +4,7 @@ Order of the filters (as in Hugging Face's generate): divide by the temperature,
 keep the smallest set whose probability reaches top_p, renormalise, draw. Temperature 0 means
 greedy (argmax). Each request draws with its own torch.Generator, so a seeded request samples the
 same tokens alone or beside any others. It can also report the N most likely tokens with their
-probabilities before and after the filters, for the widgets that show sampling.
+probabilities before and after the filters and their raw logits, for the widgets that show sampling.
 """
 
 import torch
@@ -71,5 +71,5 @@ class Sampler:
                     finals = [float(final[t]) for t in top]
                 else:  # greedy: all the probability on the argmax
                     finals = [1.0 if t == chosen else 0.0 for t in top]
-                candidates[i] = [Candidate(t, float(raw[j, t]), f) for t, f in zip(top, finals)]
+                candidates[i] = [Candidate(t, float(raw[j, t]), f, float(logits[i, t])) for t, f in zip(top, finals)]
         return tokens.tolist(), candidates

@@ -159,6 +159,7 @@ def test_candidates_before_and_after_filters():
     assert [c.token_id for c in row] == [3, 0, 4, 1] or [c.token_id for c in row] == [3, 0, 4, 2]
     for c in row:
         assert c.prob == pytest.approx(PROBS[c.token_id], abs=1e-6)      # raw softmax
+        assert c.logit == pytest.approx(math.log(PROBS[c.token_id]), abs=1e-6)  # raw logit, unscaled
     finals = {c.token_id: c.final_prob for c in row}
     assert finals[3] == pytest.approx(2 / 3, abs=1e-6) and finals[0] == pytest.approx(1 / 3, abs=1e-6)
     assert finals[4] == 0.0                                  # cut by top-k: probability exactly 0

@@ -7,7 +7,7 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import block, chat, embedding, positions, tokenizer
+from . import attention, block, chat, embedding, generation, positions, tokenizer
 
 WIDGETS = [
     chat.WIDGET,
@@ -15,6 +15,8 @@ WIDGETS = [
     embedding.WIDGET,
     positions.WIDGET,
     block.WIDGET,
+    attention.WIDGET,
+    generation.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}
