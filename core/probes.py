@@ -45,8 +45,8 @@ def check_index(name: str, value, size: int) -> int:
     return value
 
 
-ROWS = 128                   # tokens through a linear layer per slice
-ATTENTION_CELLS = 1 << 20    # query-key pairs x heads per slice of attention
+ROWS = 64                    # tokens through a linear layer per slice
+ATTENTION_CELLS = 1 << 19    # query-key pairs x heads per slice of attention
 
 
 @torch.inference_mode()

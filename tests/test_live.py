@@ -14,7 +14,7 @@ import time
 import pytest
 from simple_websocket import ConnectionClosed
 
-from conftest import TIMEOUT, WS, healthz, wait_for
+from conftest import WS, healthz, wait_for
 
 LIMITS = {
     "model": "tiny", "num_kv_blocks": 128, "testing": True,

@@ -8,8 +8,8 @@ Messages (jobs, cached by their inputs):
   the widget draws as bars when a reader clicks a token.
 
 The weights are the model's own: core/probes.slices runs the text through the blocks up to
-`layer`, then recomputes softmax(q k^T / sqrt(D)) with the causal mask from the hooked queries
-and keys with the engine's `attend` (Vaswani et al., 2017; grouped-query attention, where query
+`layer`, computing each block's softmax(q k^T / sqrt(D)) with the causal mask by the engine's
+own `attend`, a few query rows per slice (Vaswani et al., 2017; grouped-query attention, where query
 head h reads KV head h // (H / Hkv), as in Ainslie et al., 2023). The pass stops after that layer.
 A layer's full weights are kept for a few texts (WeightCache), so switching head or asking for a
 row does not run the model again.
@@ -20,6 +20,7 @@ cells above the diagonal stay 0. b is the smallest size that keeps the lower tri
 heads in the reply within MAX_CELLS numbers.
 """
 
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -82,13 +83,22 @@ class WeightCache:
             self.entries.popitem(last=False)
 
 
-WEIGHTS = WeightCache(CACHE_VALUES)
+_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its WeightCache
+
+
+def weight_cache(model) -> WeightCache:
+    """The cache of one model's weights (two apps in a process, e.g. tests, never share one)."""
+    cache = _CACHES.get(model)
+    if cache is None:
+        cache = _CACHES[model] = WeightCache(CACHE_VALUES)
+    return cache
 
 
 def layer_weights(engine, ids: list[int], layer: int):
     """A generator of slices (Progress or None) returning the layer's weights (H, T, T)."""
     key = (tuple(ids), layer)
-    weights = WEIGHTS.get(key)
+    cache = weight_cache(engine.model)
+    weights = cache.get(key)
     if weights is not None:
         return weights
     for item in probes.slices(engine.model, ids, attention={layer}):
@@ -99,7 +109,7 @@ def layer_weights(engine, ids: list[int], layer: int):
         if item.layer == layer:
             weights = item.attention                                   # (H, T, T)
             break
-    WEIGHTS.put(key, weights)
+    cache.put(key, weights)
     return weights
 
 
