@@ -166,7 +166,7 @@ def test_hello_comes_first_and_describes_the_model(live_server, ws):
     assert h["type"] == "hello" and h["protocol"] == 1
     info = live_server.runtime.loop.info()
     assert {k: h[k] for k in info if k != "model"} == {k: v for k, v in info.items() if k != "model"}
-    assert set(h) == set(info) | {"type", "protocol", "limits", "job_types"}
+    assert set(h) == set(info) | {"type", "protocol", "limits", "job_types", "request_types"}
     mc = live_server.runtime.engine.model_config
     assert h["model"] == "tiny"
     assert h["num_layers"] == mc.num_layers and h["num_heads"] == mc.num_heads
@@ -179,6 +179,8 @@ def test_hello_comes_first_and_describes_the_model(live_server, ws):
     assert limits["max_jobs_per_connection"] == live_server.runtime.config.max_jobs_per_connection
     from app.widgets import MESSAGE_TYPES
     assert h["job_types"] == sorted(t for t, m in MESSAGE_TYPES.items() if m.job)
+    assert h["request_types"] == sorted(t for t, m in MESSAGE_TYPES.items() if m.request)
+    assert "generate" in h["request_types"] and "generate" not in h["job_types"]
     assert ws.quiet(), "the server says hello once, then waits"
 
 

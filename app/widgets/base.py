@@ -20,6 +20,7 @@ class MessageType:
     fields: frozenset[str]           # fields it may carry besides type and id
     handle: Callable[["object"], None]  # handle(call: app.live.Call): validate, then answer
     job: bool = False                # answered through the job runner (counts toward the job limits)
+    request: bool = False            # runs an engine request (counts toward max_requests_per_connection)
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,8 @@ class Widget:
     messages: tuple[MessageType, ...] = ()
 
 
-def message(type: str, fields, handle, job: bool = False) -> MessageType:
-    return MessageType(type, frozenset(fields), handle, job)
+def message(type: str, fields, handle, job: bool = False, request: bool = False) -> MessageType:
+    return MessageType(type, frozenset(fields), handle, job, request)
 
 
 # ---- checks shared by the widgets' handlers ----------------------------------------------------

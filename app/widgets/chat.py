@@ -129,6 +129,6 @@ def template(call) -> None:
 
 WIDGET = Widget("chat", messages=(
     message("generate", {"messages", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop"},
-            generate),
+            generate, request=True),
     message("template", {"messages"}, template),
 ))

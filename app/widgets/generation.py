@@ -124,5 +124,5 @@ def next_token(call) -> None:
 
 WIDGET = Widget("generation", messages=(
     message("next_token", {"prompt", "messages", "tokens", "top", "temperature", "top_k", "top_p", "seed"},
-            next_token),
+            next_token, request=True),
 ))

@@ -39,6 +39,7 @@ class Client {
     this.status = "connecting";
     this.gates = { job: new Gate(1), generate: new Gate(1) };  // until hello says more
     this.jobTypes = new Set();
+    this.requestTypes = new Set(["generate"]);
     this.connect();
   }
 
@@ -85,6 +86,7 @@ class Client {
     if (msg.type === "hello") {
       this.hello = msg;
       this.jobTypes = new Set(msg.job_types || []);
+      this.requestTypes = new Set(msg.request_types || ["generate"]);
       this.gates.job.setLimit(msg.limits?.max_jobs_per_connection ?? 1);
       this.gates.generate.setLimit(msg.limits?.max_requests_per_connection ?? 1);
       for (const resolve of this.helloWaiters.splice(0)) resolve(msg);
@@ -95,7 +97,7 @@ class Client {
       if (msg.type === "error") console.warn("sendlens server:", msg.message);
       return;
     }
-    if (TERMINAL.has(msg.type) || (entry.kind !== "generate" && msg.type === entry.kind)) {
+    if (TERMINAL.has(msg.type) || (msg.type === entry.kind && msg.type !== "generate")) {
       this.pending.delete(msg.id);
       entry.release();
     }
@@ -117,7 +119,7 @@ class Client {
   }
 
   gateFor(type) {
-    if (type === "generate") return this.gates.generate;
+    if (this.requestTypes.has(type)) return this.gates.generate;
     return this.jobTypes.has(type) ? this.gates.job : null;
   }
 
