@@ -9,6 +9,12 @@ dropped.
 
 Handlers answer through a Call: `reply` at once, `job` through the job runner, or `generate` for
 a stream of engine outputs. `abort` {id} is the transport's own message: it stops either kind.
+
+The limits a connection keeps (app/config.py): messages per second (a token bucket), requests,
+jobs and prompt tokens in flight, and bytes queued for a client that does not read (past that it
+is cut off). The writer pings a quiet client and cuts off one that misses a ping (a closed lid);
+the reader closes a connection idle for `idle_timeout_s` (code 4000) and notices a socket the
+library closed (an oversized frame) or a server shutting down.
 """
 
 import json
