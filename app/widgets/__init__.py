@@ -7,7 +7,7 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import block, chat, embedding, positions, tokenizer
+from . import block, chat, embedding, kv_cache, phases, positions, tokenizer
 
 WIDGETS = [
     chat.WIDGET,
@@ -15,6 +15,8 @@ WIDGETS = [
     embedding.WIDGET,
     positions.WIDGET,
     block.WIDGET,
+    phases.WIDGET,
+    kv_cache.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}
