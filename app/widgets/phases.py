@@ -36,7 +36,7 @@ from core.trace import StepKind
 from ..jobs import Progress
 from .base import Widget, integer, message
 
-CHUNK_TOKENS = 64                      # prefill tokens per engine step (chunked prefill): one slice
+CHUNK_TOKENS = 32                      # prefill tokens per engine step (chunked prefill): one slice
 PROMPT_LENGTHS = tuple(16 << i for i in range(8))   # 16, 32, ... 2,048: the sweep's points
 DEFAULT_MAX_PROMPT = 512
 MAX_DECODE_TOKENS = 128

@@ -67,17 +67,20 @@ export function mount(root, ctx) {
   );
 
   // ---- drawing ----
+  // The work: orange bars, one per step, growing by a token a step (the triangle); the cached
+  // steps as a blue line, one prompt's worth at step 1 and then a single token (the flat line).
   function bars(r) {
     const x = r.with_cache.steps.map((_, i) => i + 1);
     return plot(workChart, [
       { type: "bar", name: "without the cache", x, y: r.without_cache.steps.map((s) => s.tokens), marker: { color: COLORS.without },
         hovertemplate: "step %{x}: %{y} tokens recomputed<extra></extra>" },
-      { type: "bar", name: "with the cache", x, y: r.with_cache.steps.map((s) => s.tokens), marker: { color: COLORS.with },
+      { type: "scatter", mode: "lines+markers", name: "with the cache", x, y: r.with_cache.steps.map((s) => s.tokens),
+        line: { color: COLORS.with, width: 3 }, marker: { size: 7, color: COLORS.with },
         hovertemplate: "step %{x}: %{y} token(s)<extra></extra>" },
     ], {
-      height: 240, barmode: "overlay", bargap: 0.15, showlegend: true,
+      height: 240, bargap: 0.15, showlegend: true,
       legend: { orientation: "h", y: 1.15, x: 0, font: { size: 10 } }, margin: { t: 24, b: 40, l: 48 },
-      xaxis: { title: { text: "generation step", font: { size: 10 } } },
+      xaxis: { title: { text: "generation step", font: { size: 10 } }, dtick: Math.max(1, Math.ceil(x.length / 10)) },
       yaxis: { title: { text: "tokens through the layers", font: { size: 10 } }, rangemode: "tozero" },
     });
   }
@@ -91,7 +94,7 @@ export function mount(root, ctx) {
         line: { color: COLORS.with, width: 2 }, marker: { size: 5 }, hovertemplate: "step %{x}: %{y:.1f} ms<extra></extra>" },
     ], {
       height: 240, showlegend: true, legend: { orientation: "h", y: 1.15, x: 0, font: { size: 10 } }, margin: { t: 24, b: 40, l: 48 },
-      xaxis: { title: { text: "generation step", font: { size: 10 } } },
+      xaxis: { title: { text: "generation step", font: { size: 10 } }, dtick: Math.max(1, Math.ceil(x.length / 10)) },
       yaxis: { title: { text: "step time (ms)", font: { size: 10 } }, rangemode: "tozero" },
     });
   }
@@ -99,6 +102,7 @@ export function mount(root, ctx) {
   function chips(side, other) {
     return tokenChips(side.token_ids.map((id, i) => ({ id, text: side.tokens[i] })), {
       className: (tok, i) => (other.token_ids[i] === tok.id ? "kv-same" : "kv-differs"),
+      breakLines: false,
     });
   }
 

@@ -18,6 +18,11 @@ const OPTIONS = {
   question: { type: "string", default: "Why is the sky blue?", maxLength: 500 },
 };
 
+// A tick step for an axis of whole numbers from lo to hi: about 8 ticks, never a fraction.
+function integerStep(lo, hi) {
+  return Math.max(1, Math.ceil((hi - lo) / 8));
+}
+
 const COLORS = { prefill: "#2f5fd0", decode: "#1d7a4f", mine: "#d0702f", floor: "#9aa0a8" };
 
 export function mount(root, ctx) {
@@ -123,8 +128,8 @@ export function mount(root, ctx) {
         hovertemplate: "floor %{y:.1f} ms<extra></extra>",
       },
     ];
-    if (req && req.metrics.tpot_ms !== null) {
-      const mid = req.prompt_tokens + Math.round(req.completion_tokens / 2);
+    const mid = req && req.metrics.tpot_ms !== null ? req.prompt_tokens + Math.round(req.completion_tokens / 2) : null;
+    if (mid !== null) {
       data.push({
         type: "scatter", mode: "markers", name: "your request (TPOT)", x: [mid], y: [req.metrics.tpot_ms],
         marker: { size: 12, symbol: "star", color: COLORS.mine },
@@ -134,7 +139,7 @@ export function mount(root, ctx) {
     return plot(decodeChart, data, {
       height: 240, showlegend: true, legend: { orientation: "h", y: 1.15, x: 0, font: { size: 10 } },
       margin: { t: 24, b: 40, l: 52 },
-      xaxis: { title: { text: "context (tokens the step attends over)", font: { size: 10 } } },
+      xaxis: { title: { text: "context (tokens the step attends over)", font: { size: 10 } }, dtick: integerStep(Math.min(x[0], mid ?? x[0]), Math.max(x[x.length - 1], mid ?? 0)) },
       yaxis: { title: { text: "step time (ms)", font: { size: 10 } }, rangemode: "tozero" },
     });
   }
@@ -142,9 +147,8 @@ export function mount(root, ctx) {
   function describeMachine(r) {
     const m = r.machine;
     threads.set(m.threads, `${m.threads} of ${m.cpu_count}`);
-    const when = new Date(m.measured_at);
     machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, `
-      + `torch ${m.torch}, at ${when.toISOString().slice(11, 16)} UTC on ${m.measured_at.slice(0, 10)}. `
+      + `torch ${m.torch}, at ${m.measured_at.slice(11, 16)} UTC on ${m.measured_at.slice(0, 10)}. `
       + "The machine is shared, so the times move from run to run; the shapes do not.";
   }
 
@@ -191,7 +195,7 @@ export function mount(root, ctx) {
     const longest = r.prefill[r.prefill.length - 1];
     prefillNote.textContent = `Each point is one prompt's prefill, run in chunks of ${r.chunk_tokens} tokens (one engine step each) `
       + `and timed as a whole: ${longest.prompt_tokens.toLocaleString("en-US")} tokens took ${fmtMs(longest.ms)} in ${longest.steps.length} step(s). `
-      + "Time grows about in proportion to the prompt.";
+      + "Doubling the prompt about doubles the work; the shared machine adds noise to the time.";
     decodeNote.textContent = `${r.decode.length} decode steps after the ${r.max_prompt.toLocaleString("en-US")}-token prompt, one token each. `
       + "Each reads every weight once, whatever the context, so steps stay nearly flat; reading the longer cache adds a little.";
     renderWhy(r);
