@@ -98,7 +98,7 @@ def test_phases_measures_each_prompt_and_each_decode_step(ws):
 
 def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from app.jobs import Progress
-    from app.widgets.phases import CHUNK_TOKENS, TRIES, phases_job
+    from app.widgets.phases import CHUNK_TOKENS, PREFILL_TRIES, TRIES, phases_job
     from core.config import EngineConfig
     from core.engine import LLMEngine
 
@@ -112,9 +112,9 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
             r = stop.value
             break
     progress = [i for i in items if isinstance(i, Progress)]
-    # one slice per engine step: the warm-up, 16..128 in chunks of CHUNK_TOKENS, the 4 decode
-    # steps, and the bandwidth and matmul tries
-    steps = 1 + sum(-(-n // CHUNK_TOKENS) for n in (16, 32, 64, 128)) + 4
+    # one slice per engine step: the warm-up, each of 16..128 PREFILL_TRIES times in chunks of
+    # CHUNK_TOKENS, the 4 decode steps; then the bandwidth and matmul tries
+    steps = 1 + PREFILL_TRIES * sum(-(-n // CHUNK_TOKENS) for n in (16, 32, 64, 128)) + 4
     assert len(items) == 1 + steps + 2 * TRIES
     assert progress[-1].done == progress[-1].total
     check_structure(r, 128, 4)

@@ -13,8 +13,8 @@ const LENGTHS = [16, 32, 64, 128, 256, 512, 1024, 2048];
 
 // Options from the URL (docs/widgets.md).
 const OPTIONS = {
-  max_prompt: { type: "int", default: 512, choices: LENGTHS },
-  decode_tokens: { type: "int", default: 32, min: 1, max: 128 },
+  max_prompt: { type: "int", default: 256, choices: LENGTHS },
+  decode_tokens: { type: "int", default: 16, min: 1, max: 128 },
   question: { type: "string", default: "Why is the sky blue?", maxLength: 500 },
 };
 
