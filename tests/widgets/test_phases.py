@@ -178,3 +178,28 @@ def test_phases_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
     overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, overflow
     pg.assert_clean()
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_the_chats_last_answer_joins_the_phases_charts(pg):
+    """On the walkthrough, the chat's finished answer (announced through lib/events.js) is the
+    reader's request on the phases widget, even though that widget mounts after it."""
+    page = pg.page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    pg.goto("/?chat.message=Say+hello.&chat.max_tokens=6&phases.max_prompt=16&phases.decode_tokens=2")
+    chat = '[data-widget="chat"]'
+    page.locator(chat).scroll_into_view_if_needed()
+    wait_ready(page, chat)
+    page.click(f'{chat} button:text-is("Send")')
+    page.wait_for_function("""() => !document.querySelector('[data-widget="chat"] .msg-assistant.streaming')
+                              && document.querySelector('[data-widget="chat"] [data-figure="tpot_ms"][data-value]')""",
+                           timeout=120_000)
+    chat_ttft, chat_tpot = figure_value(page, "ttft_ms"), figure_value(page, "tpot_ms")
+    page.locator(PH).scroll_into_view_if_needed()
+    wait_ready(page, PH, 180_000)
+    assert figure_value(page, "request_ttft_ms") == chat_ttft
+    assert figure_value(page, "request_tpot_ms") == chat_tpot
+    assert figure_value(page, "request_e2e_ms") >= chat_ttft
+    assert "Your last chat answer" in page.text_content(f"{PH} .figure:has([data-figure='request_ttft_ms'])")
+    pg.assert_clean()

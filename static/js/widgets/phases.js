@@ -1,12 +1,14 @@
 // Section 8, "Two phases": prefill and decode timed on this server's own engine (a sibling of the
 // serving engine, so visitors are not slowed beyond one step). Left: prefill time against prompt
-// length; right: each decode step as the context grows. The reader can send a request of their
-// own from this widget (a plain `generate`) and see its TTFT and TPOT on the same axes. Below:
+// length; right: each decode step as the context grows. The reader's own request goes on the same
+// axes: the chat's last answer (its `done`, announced through lib/events.js), or
+// one sent from this widget (a plain `generate`), with its TTFT, TPOT and end to end. Below:
 // the machine's measured memory bandwidth and FLOP/s, and why they bound decode and prefill.
 
 import { el, field, select, setState } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
+import { listen } from "../lib/events.js";
 import { fmtMs, fmtNum, fmtBytes } from "../lib/format.js";
 
 const LENGTHS = [16, 32, 64, 128, 256, 512, 1024, 2048];
@@ -55,7 +57,7 @@ export function mount(root, ctx) {
   const ttft = stat("TTFT", { key: "request_ttft_ms", note: "arrival → first token" });
   const tpot = stat("TPOT", { key: "request_tpot_ms", note: "mean gap after the first" });
   const e2e = stat("End to end", { key: "request_e2e_ms", note: "arrival → last token" });
-  const requestNote = el("p", { class: "note", text: "Not sent yet: its point joins both charts when it is done." });
+  const requestNote = el("p", { class: "note", text: "Ask the chat above, or send a question from here: its TTFT and TPOT join both charts." });
   const definitions = el("dl", { class: "phases-defs" });
 
   const bandwidth = stat("Memory bandwidth", { key: "memory_bandwidth_gb_s", note: "GB/s read, best of 3" });
@@ -235,6 +237,19 @@ export function mount(root, ctx) {
     }).finally(() => { if (state.abort === controller) again.disabled = false; });
   }
 
+  // A finished request, from this widget's own Send or from the chat (section 1): its `done`.
+  function showRequest(msg, source) {
+    state.request = msg;
+    const m = msg.metrics;
+    ttft.set(m.ttft_ms, fmtMs(m.ttft_ms));
+    tpot.set(m.tpot_ms, fmtMs(m.tpot_ms));
+    e2e.set(m.e2e_ms, fmtMs(m.e2e_ms));
+    requestNote.textContent = `${source}: ${msg.prompt_tokens} prompt tokens (with the chat template), ${msg.completion_tokens} generated `
+      + "on the serving engine, beside everyone else's requests. The star on each chart is yours.";
+    renderDefinitions();
+    if (state.result) Promise.all([drawPrefill(state.result), drawDecode(state.result)]).catch((err) => setState(root, "error", err.message));
+  }
+
   function sendRequest() {
     const text = question.value.trim();
     if (!text || state.current) return;
@@ -246,15 +261,7 @@ export function mount(root, ctx) {
       if (msg.type === "done") {
         state.current = null;
         send.disabled = false;
-        state.request = msg;
-        const m = msg.metrics;
-        ttft.set(m.ttft_ms, fmtMs(m.ttft_ms));
-        tpot.set(m.tpot_ms, fmtMs(m.tpot_ms));
-        e2e.set(m.e2e_ms, fmtMs(m.e2e_ms));
-        requestNote.textContent = `${msg.prompt_tokens} prompt tokens (with the chat template), ${msg.completion_tokens} generated on the serving engine, `
-          + "beside everyone else's requests. The star on each chart is yours.";
-        renderDefinitions();
-        if (state.result) Promise.all([drawPrefill(state.result), drawDecode(state.result)]).catch((err) => setState(root, "error", err.message));
+        showRequest(msg, "Sent from here");
       } else if (msg.type === "error") {
         state.current = null;
         send.disabled = false;
@@ -262,6 +269,9 @@ export function mount(root, ctx) {
       }
     });
   }
+
+  // The chat widget announces each finished answer on the page (lib/events.js).
+  cleanups.push(listen("chat-done", (msg) => showRequest(msg, "Your last chat answer")));
 
   again.addEventListener("click", () => { state.run += 1; measure(); });
   maxPrompt.addEventListener("change", measure);
