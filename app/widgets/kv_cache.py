@@ -13,15 +13,21 @@ caching off) that generates `max_tokens` greedy tokens after the prompt twice:
 - without it: for every step a fresh request over prompt + the tokens so far, asking for one
   token, so the step recomputes the whole prefix (prefix caching off: nothing is reused).
 
+Prefills run in chunks of CHUNK_TOKENS (one engine step, one slice each) so no slice is long; a
+generation step's work and time are the sums over its engine steps.
+
 The reply: both token lists (greedy, so equal), each step's time and tokens pushed through the
 layers (from the engine's step records), the totals, the speedup and the machine it ran on.
 """
 
+import itertools
+
 from core.errors import InvalidParameter
+from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, encode, integer, message, text
-from .phases import MAX_RUN, machine, ms, run_request, with_progress
+from .phases import CHUNK_TOKENS, MAX_RUN, machine, ms, run_request, with_progress
 
 MAX_PROMPT_TOKENS = 128        # the prompt: bounded so the uncached steps stay short slices
 MAX_TOKENS = 64                # tokens generated: the uncached side costs ~N^2 / 2 token passes
@@ -46,19 +52,23 @@ def compare_job(engine, ids: list[int], max_tokens: int, run: int):
     P, N = len(ids), max_tokens
     block = engine.config.block_size
     exp = engine.sibling(num_kv_blocks=-(-(P + N + 1) // block) + 1, max_num_seqs=1,
-                         max_num_batched_tokens=MAX_PROMPT_TOKENS + MAX_TOKENS, enable_prefix_caching=False)
-    total, done = 1 + 2 * N, 0
+                         max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
+                         enable_chunked_prefill=True)
+    # slices: the warm-up; the cached run's prefill chunks and N - 1 decodes; the uncached prefills
+    total = 1 + -(-P // CHUNK_TOKENS) + N - 1 + sum(-(-(P + i) // CHUNK_TOKENS) for i in range(N))
     for _ in run_request(exp, ids[:1], 1):           # warm-up: the first calls pay for setup
         yield None
-    done += 1
-
-    # With the cache: one request; its steps are a prefill of P tokens, then N - 1 single tokens.
-    count = iter(range(done + 1, total + 1))
+    count = itertools.count(2)
 
     def step_note(note):
-        return lambda: Progress(next(count), total, note)
+        return lambda: Progress(min(next(count), total), total, note)
+
+    # With the cache: one request. Generation step 1 is the prompt's prefill (in chunks of
+    # CHUNK_TOKENS, one engine step per slice), then each step is one decode of one token.
     cached = yield from with_progress(run_request(exp, ids, N), step_note("with the cache"))
-    with_cache = [{"tokens": s.num_tokens, "ms": ms(s.duration_s)} for s in cached.metrics.steps]
+    steps = cached.metrics.steps
+    prefill = [s for s in steps if s.kind == StepKind.PREFILL]
+    with_cache = [step_work(prefill)] + [step_work([s]) for s in steps if s.kind == StepKind.DECODE]
 
     # Without: every step a fresh request over everything so far, asking for one token.
     generated, without_cache = [], []
@@ -66,9 +76,13 @@ def compare_job(engine, ids: list[int], max_tokens: int, run: int):
         out = yield from with_progress(run_request(exp, ids + generated, 1),
                                        step_note(f"without the cache: step {i + 1} of {N}"))
         generated.append(out.token_ids[0])
-        without_cache.append({"tokens": sum(s.num_tokens for s in out.metrics.steps),
-                              "ms": ms(sum(s.duration_s for s in out.metrics.steps))})
+        without_cache.append(step_work(out.metrics.steps))
     return summary(exp.tokenizer, ids, list(cached.token_ids), generated, with_cache, without_cache, run)
+
+
+def step_work(steps) -> dict:
+    """Engine steps taken as one generation step: tokens through the layers, and time."""
+    return {"tokens": sum(s.num_tokens for s in steps), "ms": ms(sum(s.duration_s for s in steps))}
 
 
 def summary(tokenizer, ids: list[int], cached: list[int], uncached: list[int], with_cache: list[dict],

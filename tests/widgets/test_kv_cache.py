@@ -150,3 +150,32 @@ def test_kv_cache_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
     overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, overflow
     pg.assert_clean()
+
+
+def test_the_job_runs_one_engine_step_per_slice_and_counts_each_generation_step(tiny_loaded):
+    """A prompt longer than a prefill chunk: its prefills take several engine steps (slices), yet
+    each generation step's work is still P + n - 1 tokens without the cache and P, 1, 1 ... with it."""
+    from app.jobs import Progress
+    from app.widgets.kv_cache import CHUNK_TOKENS, compare_job
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    ids = tiny_loaded.tokenizer.encode("one two three four five six seven eight nine ten " * 4)[:CHUNK_TOKENS + 8]
+    P, N = len(ids), 5
+    items, gen = [], compare_job(engine, ids, N, 0)
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as stop:
+            r = stop.value
+            break
+
+    def chunks(n: int) -> int:
+        return -(-n // CHUNK_TOKENS)
+    assert len(items) == 1 + chunks(P) + N - 1 + sum(chunks(P + i) for i in range(N))
+    progress = [i for i in items if isinstance(i, Progress)]
+    assert progress[-1].done == progress[-1].total == len(items)
+    check_counts(r, P, N)
+    assert r["same"] is True
+    assert engine.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched
