@@ -22,6 +22,7 @@ of the measurement. Timings come from the engine's own step records (RequestOutp
 """
 
 import datetime
+import itertools
 import os
 import platform
 import statistics
@@ -85,41 +86,46 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
     lengths = [n for n in PROMPT_LENGTHS if n <= max_prompt]
     prefill_slices = PREFILL_TRIES * sum(-(-n // CHUNK_TOKENS) for n in lengths)
     total = 1 + prefill_slices + decode_tokens + 2 * TRIES
-    done = 0
     block = engine.config.block_size
     exp = engine.sibling(num_kv_blocks=-(-(max_prompt + decode_tokens + 1) // block) + 1, max_num_seqs=1,
                          max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True)
-    yield Progress(done, total, "a fresh engine beside the serving one")
+    yield Progress(0, total, "a fresh engine beside the serving one")
     for _ in run_request(exp, prompt_ids(exp.tokenizer, 16), 1):   # warm-up: first calls pay setup
         yield None
-    done += 1
+    count = itertools.count(2)
 
     prefill, decode = [], []
     for n in lengths:
         last = n == max_prompt
-
-        def step_note(note=f"{n}-token prompt" + (", then decode" if last else "")):
-            nonlocal done
-            done += 1
-            return Progress(min(done, total), total, note)
+        note = f"{n}-token prompt" + (", then decode" if last else "")
         tries = []
         for i in range(PREFILL_TRIES):       # the last try of the longest prompt goes on to decode
             max_tokens = decode_tokens + 1 if last and i == PREFILL_TRIES - 1 else 1
-            out = yield from with_progress(run_request(exp, prompt_ids(exp.tokenizer, n), max_tokens), step_note)
-            steps = out.metrics.steps
-            chunks = [s for s in steps if s.kind == StepKind.PREFILL]
-            tries.append({"prompt_tokens": n, "ms": ms(sum(s.duration_s for s in chunks)),
-                          "steps": [{"tokens": s.num_tokens, "ms": ms(s.duration_s)} for s in chunks]})
+            out = yield from with_progress(run_request(exp, prompt_ids(exp.tokenizer, n), max_tokens),
+                                           lambda: Progress(min(next(count), total), total, note))
+            tries.append(prefill_row(out, n))
         prefill.append(min(tries, key=lambda t: t["ms"]))
         if last:
-            decode = [{"index": i + 1, "context": n + i + 1, "ms": ms(s.duration_s)}
-                      for i, s in enumerate(s for s in steps if s.kind == StepKind.DECODE)]
+            decode = decode_rows(out, n)
 
+    done = next(count) - 1
     bandwidth = yield from best_of(read_bandwidth, "memory bandwidth", done, total)
-    done += TRIES
-    flop_s = yield from best_of(matmul_flop_s, "matmul FLOP/s", done, total)
+    flop_s = yield from best_of(matmul_flop_s, "matmul FLOP/s", done + TRIES, total)
     return summary(engine, prefill, decode, bandwidth, flop_s, max_prompt, decode_tokens, run)
+
+
+def prefill_row(out, n: int) -> dict:
+    """A prompt's prefill from its request's step records: each chunk, and their total."""
+    chunks = [s for s in out.metrics.steps if s.kind == StepKind.PREFILL]
+    return {"prompt_tokens": n, "ms": ms(sum(s.duration_s for s in chunks)),
+            "steps": [{"tokens": s.num_tokens, "ms": ms(s.duration_s)} for s in chunks]}
+
+
+def decode_rows(out, n: int) -> list[dict]:
+    """Each decode step after an n-token prompt: decode step i feeds token i, attending over n + i."""
+    steps = [s for s in out.metrics.steps if s.kind == StepKind.DECODE]
+    return [{"index": i, "context": n + i, "ms": ms(s.duration_s)} for i, s in enumerate(steps, 1)]
 
 
 def run_request(exp, ids: list[int], max_tokens: int):
