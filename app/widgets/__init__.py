@@ -7,7 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import attention, block, chat, embedding, generation, positions, tokenizer
+<<<<<<< HEAD
+from . import attention, block, chat, embedding, generation, kv_cache, phases, positions, tokenizer
 
 WIDGETS = [
     chat.WIDGET,
@@ -17,6 +18,8 @@ WIDGETS = [
     block.WIDGET,
     attention.WIDGET,
     generation.WIDGET,
+    phases.WIDGET,
+    kv_cache.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}

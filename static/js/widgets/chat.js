@@ -6,6 +6,7 @@ import { el, setState, svg } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs } from "../lib/format.js";
 import { tokenChips } from "../lib/tokens.js";
+import { announce } from "../lib/events.js";
 
 const SUGGESTION = "What is the capital of France?";
 const KINDS = [
@@ -256,6 +257,7 @@ export function mount(root, ctx) {
             : `all ${msg.prompt_tokens} computed now (nothing cached yet)`);
         }
         drawTimeline(msg);
+        announce("chat-done", msg);  // for the timings of section 8 (phases)
         setState(root, "ready");
       } else if (msg.type === "error") {
         state.current = null;

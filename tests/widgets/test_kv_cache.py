@@ -1,0 +1,181 @@
+"""Widget `kv-cache` (section 9): N tokens with the KV cache and without it.
+
+The outputs must be the same tokens both ways (greedy), and the work counted from the engine's
+own step records must be the triangle N P + N (N - 1) / 2 without the cache and P + N - 1 with it.
+"""
+
+import pytest
+import torch
+
+from conftest import figure_value, shoot_widget, wait_ready
+
+KV = '[data-widget="kv-cache"]'
+PROMPT = "The capital of France is"
+
+
+def job(ws, kind, **fields) -> dict:
+    """A job's final reply (progress messages, which carry the same id, are skipped)."""
+    mid = ws.next_id()
+    ws.send({"type": kind, "id": mid, **fields})
+    while True:
+        m = ws.recv_for(mid, timeout=120)
+        if m["type"] != "progress":
+            return m
+
+
+def triangle(P: int, N: int) -> int:
+    """Tokens through the layers when step n (1..N) recomputes the prompt and the n - 1 before it."""
+    return sum(P + n - 1 for n in range(1, N + 1))
+
+
+def check_counts(r, P: int, N: int) -> None:
+    assert (r["prompt_tokens"], r["max_tokens"]) == (P, N)
+    with_steps = [s["tokens"] for s in r["with_cache"]["steps"]]
+    without_steps = [s["tokens"] for s in r["without_cache"]["steps"]]
+    assert with_steps == [P] + [1] * (N - 1)                          # the flat line
+    assert without_steps == [P + n for n in range(N)]                 # the growing triangle
+    assert r["tokens_computed_without_cache"] == triangle(P, N) == sum(without_steps)
+    assert r["tokens_computed_with_cache"] == P + N - 1 == sum(with_steps)
+    assert r["with_cache_ms"] == pytest.approx(sum(s["ms"] for s in r["with_cache"]["steps"]))
+    assert r["without_cache_ms"] == pytest.approx(sum(s["ms"] for s in r["without_cache"]["steps"]))
+    assert r["speedup"] == pytest.approx(r["without_cache_ms"] / r["with_cache_ms"])
+    m = r["machine"]
+    assert m["threads"] >= 1 and m["cpu_count"] >= 1 and m["measured_at"].startswith("20")
+
+
+def test_kv_cache_registers_one_job():
+    from app.widgets import BY_NAME
+    (m,) = BY_NAME["kv-cache"].messages
+    assert m.type == "kv_cache" and m.job
+    assert m.fields == {"text", "max_tokens", "run"}
+
+
+def test_kv_cache_refuses_bad_input_naming_the_field(ws):
+    for fields, param in [
+        ({}, "text"),
+        ({"text": ""}, "text"),
+        ({"text": 5}, "text"),
+        ({"text": "word " * 100}, "text"),                    # over the server's max_inspect_tokens
+        ({"text": PROMPT, "max_tokens": 0}, "max_tokens"),
+        ({"text": PROMPT, "max_tokens": 65}, "max_tokens"),
+        ({"text": PROMPT, "max_tokens": "8"}, "max_tokens"),
+        ({"text": PROMPT, "run": -1}, "run"),
+    ]:
+        err = ws.error({"type": "kv_cache", "id": "bad", **fields}, "bad")
+        assert err["param"] == param, (fields, err)
+        assert param in err["message"]
+    # the connection is still usable
+    r = job(ws, "kv_cache", text=PROMPT, max_tokens=2)
+    assert r["type"] == "kv_cache", r
+
+
+def test_a_prompt_over_the_comparisons_bound_names_text(tiny_loaded):
+    """128 tokens at most, even where the server's max_inspect_tokens allows more."""
+    from types import SimpleNamespace
+
+    from app.widgets.kv_cache import MAX_PROMPT_TOKENS, kv_cache
+    from core.errors import InvalidParameter
+
+    call = SimpleNamespace(msg={"text": "word " * 300}, tokenizer=tiny_loaded.tokenizer,
+                           config=SimpleNamespace(max_inspect_tokens=1024), job=lambda *a: None)
+    with pytest.raises(InvalidParameter) as info:
+        kv_cache(call)
+    assert info.value.param == "text" and str(MAX_PROMPT_TOKENS) in str(info.value)
+
+
+def test_with_and_without_the_cache_give_the_same_tokens_tiny(ws):
+    P = len(ws.call("tokenize", text=PROMPT)["tokens"])
+    N = 12
+    r = job(ws, "kv_cache", text=PROMPT, max_tokens=N)
+    assert r["type"] == "kv_cache", r
+    assert len(r["with_cache"]["token_ids"]) == N
+    assert r["with_cache"]["token_ids"] == r["without_cache"]["token_ids"] and r["same"] is True
+    assert r["with_cache"]["text"] == r["without_cache"]["text"]
+    check_counts(r, P, N)
+    assert [t["id"] for t in r["prompt"]] == [t["id"] for t in ws.call("tokenize", text=PROMPT)["tokens"]]
+
+
+@pytest.mark.real_model
+def test_with_and_without_the_cache_give_transformers_greedy_tokens(real_ws, hf_reference):
+    hf_model, hf_tok = hf_reference
+    N = 8
+    r = job(real_ws, "kv_cache", text=PROMPT, max_tokens=N)
+    assert r["type"] == "kv_cache", r
+    ids = [t["id"] for t in r["prompt"]]
+    assert ids == hf_tok(PROMPT, add_special_tokens=False)["input_ids"]
+    check_counts(r, len(ids), N)
+    assert r["with_cache"]["token_ids"] == r["without_cache"]["token_ids"] and r["same"] is True
+    # the reference: transformers' own greedy decoding, a full forward per token (no cache)
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(N):
+            seq.append(int(hf_model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert r["with_cache"]["token_ids"] == seq[len(ids):]
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_kv_cache_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
+    query = "?text=Water+boils+at&max_tokens=6"
+    shoot_widget(pg, "kv-cache", artifacts_dir, query, ready_timeout=180_000)
+    page = pg.page
+    pg.goto(f"/embed/kv-cache{query}")
+    wait_ready(page, KV, 180_000)
+    assert page.input_value(f'{KV} input[name="text"]') == "Water boils at"
+    assert page.input_value(f'{KV} input[name="max_tokens"]') == "6"
+    r = job(real_ws, "kv_cache", text="Water boils at", max_tokens=6)     # the page's job, from the cache
+    P = r["prompt_tokens"]
+    assert figure_value(page, "tokens_computed_without_cache") == triangle(P, 6)
+    assert figure_value(page, "tokens_computed_with_cache") == P + 6 - 1
+    assert figure_value(page, "speedup") == pytest.approx(r["speedup"], rel=1e-9)
+    assert figure_value(page, "with_cache_ms") == pytest.approx(r["with_cache_ms"], rel=1e-9)
+    assert figure_value(page, "without_cache_ms") == pytest.approx(r["without_cache_ms"], rel=1e-9)
+    assert page.locator(f"{KV} .kv-tokens").nth(0).locator(".tok").count() == 6
+    assert page.locator(f"{KV} .kv-differs").count() == 0
+    assert "Identical" in page.text_content(f"{KV} .kv-verdict")
+    pg.assert_clean()
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_kv_cache_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
+    page = pg.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    pg.goto("/?kv-cache.max_tokens=5#kv-cache")
+    page.locator(KV).scroll_into_view_if_needed()
+    wait_ready(page, KV, 180_000)
+    page.locator(KV).screenshot(path=str(artifacts_dir / "kv-cache-phone-390.png"))
+    snippet = page.locator('.widget-frame:has([data-widget="kv-cache"]) .snippet').text_content()
+    assert "/embed/kv-cache?" in snippet and "max_tokens=5" in snippet
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, overflow
+    pg.assert_clean()
+
+
+def test_the_job_runs_one_engine_step_per_slice_and_counts_each_generation_step(tiny_loaded):
+    """A prompt longer than a prefill chunk: its prefills take several engine steps (slices), yet
+    each generation step's work is still P + n - 1 tokens without the cache and P, 1, 1 ... with it."""
+    from app.jobs import Progress
+    from app.widgets.kv_cache import CHUNK_TOKENS, compare_job
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    ids = tiny_loaded.tokenizer.encode("one two three four five six seven eight nine ten " * 4)[:CHUNK_TOKENS + 8]
+    P, N = len(ids), 5
+    items, gen = [], compare_job(engine, ids, N, 0)
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as stop:
+            r = stop.value
+            break
+
+    def chunks(n: int) -> int:
+        return -(-n // CHUNK_TOKENS)
+    assert len(items) == 1 + chunks(P) + N - 1 + sum(chunks(P + i) for i in range(N))
+    progress = [i for i in items if isinstance(i, Progress)]
+    assert progress[-1].done == progress[-1].total == len(items)
+    check_counts(r, P, N)
+    assert r["same"] is True
+    assert engine.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched
