@@ -7,7 +7,7 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import block, chat, embedding, positions, tokenizer
+from . import block, chat, embedding, kv_memory, paging, positions, prefix_cache, tokenizer
 
 WIDGETS = [
     chat.WIDGET,
@@ -15,6 +15,9 @@ WIDGETS = [
     embedding.WIDGET,
     positions.WIDGET,
     block.WIDGET,
+    kv_memory.WIDGET,
+    paging.WIDGET,
+    prefix_cache.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}

@@ -1,0 +1,172 @@
+"""Widget `prefix-cache` (section 16): the same question asked twice, and one system prompt shared by
+several users, run with the prefix cache and without; measured on this machine.
+
+After vLLM's automatic prefix caching (and SGLang's RadixAttention, Zheng et al., 2024): a full KV
+block is named by a chained hash, hash(parent block's hash, its token ids), so a block matches only
+if the whole prompt up to and including it matches. A request takes the cached blocks of its
+prompt in order and stops at the first miss; the partial last block, and always the last prompt
+token (its logits pick the first new token), are computed.
+
+Message: `prefix_cache` {system, question, users, run} -> a job. It runs on two engines of its
+own beside the serving one (`engine.sibling`): one with prefix caching on, one with it off, so the
+measurement neither reads nor disturbs the cache and timings of the readers being served (the
+serving engine's cache holds whatever the classroom sent; a fresh engine starts empty, which is
+what makes "first ask: nothing cached" true). Prompts, in order: the question, the same question
+again, then each user's question after the same system prompt. Each prompt is prefilled once on
+each engine, one engine step per slice; its TTFT is the sum of the engine steps up to its first
+token (time spent serving others between slices is not counted). `run` is the reader's "measure
+again" counter: a new value is a new job, where the same inputs come from the job cache.
+"""
+
+import os
+import platform
+import time
+
+import torch
+
+from core.block_manager import hash_block
+from core.errors import InvalidParameter, is_int
+from core.sampling_params import SamplingParams
+
+from ..jobs import Progress
+from .base import Widget, integer, message, text
+
+MAX_SYSTEM_TOKENS = 384     # the shared system prompt, in tokens
+MAX_QUESTION_TOKENS = 64    # each question
+MAX_USERS = 4               # other users sharing the system prompt
+CHUNK_TOKENS = 64           # tokens per engine step on the experiment's engines (a short slice)
+
+
+def prefix_cache(call) -> None:
+    msg = call.msg
+    system = text(msg, "system")
+    question = text(msg, "question")
+    users = user_questions(msg)
+    run = integer(msg, "run", 0, 1_000_000, default=0)
+    check_tokens(call, system, "system", MAX_SYSTEM_TOKENS)
+    for name, q in [("question", question)] + [("users", u) for u in users]:
+        check_tokens(call, q, name, MAX_QUESTION_TOKENS)
+    prompts = [("first ask", question), ("same question again", question)]
+    prompts += [(f"user {i + 1}", q) for i, q in enumerate(users)]
+    encoded = [(label, q, call.tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": q}])) for label, q in prompts]
+
+    def work(engine):
+        return (yield from measure(engine, encoded))
+    call.job({"system": system, "question": question, "users": users, "run": run}, work)
+
+
+def user_questions(msg: dict) -> list[str]:
+    users = msg.get("users", [])
+    if not isinstance(users, list) or len(users) > MAX_USERS:
+        raise InvalidParameter("users", f"must be a list of at most {MAX_USERS} questions")
+    if not all(isinstance(u, str) and u.strip() for u in users):
+        raise InvalidParameter("users", "every question must be a non-empty string")
+    return users
+
+
+def check_tokens(call, value: str, name: str, limit: int) -> None:
+    n = len(call.tokenizer.encode(value))
+    if n > limit:
+        raise InvalidParameter(name, f"is {n} tokens; the most this widget takes is {limit}")
+
+
+def measure(engine, prompts: list[tuple[str, str, list[int]]]):
+    """Each prompt prefilled on a cache-off engine and on a cache-on engine; per-block matches."""
+    bs = engine.config.block_size
+    blocks = sum(-(-len(ids) // bs) + 1 for _, _, ids in prompts) + 4     # room for all: no eviction
+    settings = dict(num_kv_blocks=blocks, max_num_seqs=1, max_num_batched_tokens=CHUNK_TOKENS, trace_steps=16)
+    cold = engine.sibling(enable_prefix_caching=False, **settings)
+    warm = engine.sibling(enable_prefix_caching=True, **settings)
+    yield Progress(0, len(prompts), "warming up")
+    cold.warmup()
+    yield None
+    warm.warmup()
+    started = time.time()
+    seen: set[bytes] = set()        # hashes the cache-on engine has published so far
+    rows = []
+    for i, (label, question, ids) in enumerate(prompts):
+        yield Progress(i, len(prompts), f"{label}: without the cache")
+        without = yield from first_token(cold, ids)
+        yield Progress(i + 0.5, len(prompts), f"{label}: with the cache")
+        expected = block_matches(ids, bs, seen)
+        with_cache = yield from first_token(warm, ids)
+        seen.update(b["hash_bytes"] for b in expected if b["full"])
+        rows.append({
+            "label": label, "question": question, "prompt_tokens": len(ids),
+            "tokens": engine.tokenizer.token_texts(ids),
+            "cached_tokens": with_cache["cached_tokens"],
+            "ttft_without_ms": without["ttft_ms"], "ttft_with_ms": with_cache["ttft_ms"],
+            "ttft_saved_ms": round(without["ttft_ms"] - with_cache["ttft_ms"], 3),
+            "steps_without": without["steps"], "steps_with": with_cache["steps"],
+            "first_token_without": without["first_token"], "first_token_with": with_cache["first_token"],
+            "blocks": [{k: v for k, v in b.items() if k != "hash_bytes"} for b in expected],
+        })
+    second = rows[1]
+    return {
+        "block_size": bs, "chunk_tokens": CHUNK_TOKENS,
+        "shared_prefix_tokens": common_prefix(prompts[0][2], prompts[2][2]) if len(prompts) > 2 else None,
+        "prompts": rows,
+        "cached_tokens": second["cached_tokens"], "ttft_saved_ms": second["ttft_saved_ms"],
+        "machine": machine(started),
+    }
+
+
+def first_token(engine, ids: list[int]):
+    """Prefill ids on `engine` one step per slice, up to the first token. -> its TTFT and cache use."""
+    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=1))
+    out = None
+    while out is None:
+        for o in engine.step():
+            if o.request_id == seq.request_id and o.finished:
+                out = o
+        yield None
+    steps = out.metrics.steps
+    return {"ttft_ms": round(1000 * sum(s.duration_s for s in steps), 3), "steps": len(steps),
+            "cached_tokens": out.num_cached_tokens, "first_token": out.token_ids[0]}
+
+
+def block_matches(ids: list[int], bs: int, seen: set[bytes]) -> list[dict]:
+    """Every block of the prompt: its chained hash and whether the cache holds it. The lookup
+    covers the full blocks before the last token, and stops at the first miss."""
+    lookup = (len(ids) - 1) // bs           # blocks the lookup may take (the last token is computed)
+    rows, parent, hit = [], None, True
+    for i in range(-(-len(ids) // bs)):
+        chunk = ids[i * bs:(i + 1) * bs]
+        full = len(chunk) == bs
+        h = hash_block(parent, chunk) if full else None
+        if not full:
+            status = "partial"              # never hashed: only full blocks are shared
+        elif i >= lookup:
+            status = "last token"           # holds the last prompt token: computed anyway
+        elif hit and h in seen:
+            status = "hit"
+        elif hit:
+            status, hit = "miss", False
+        else:
+            status = "after miss"           # the chain broke earlier: not even looked up
+        rows.append({"index": i, "start": i * bs, "num_tokens": len(chunk), "full": full,
+                     "hash": h.hex()[:12] if h else None, "hash_bytes": h,
+                     "matched": status == "hit", "status": status})
+        parent = h
+    return rows
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def machine(started: float) -> dict:
+    return {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))}
+
+
+WIDGET = Widget("prefix-cache", messages=(
+    message("prefix_cache", {"system", "question", "users", "run"}, prefix_cache, job=True),
+))
