@@ -34,7 +34,7 @@ from .base import Widget, integer, message, text
 MAX_SYSTEM_TOKENS = 384     # the shared system prompt, in tokens
 MAX_QUESTION_TOKENS = 64    # each question
 MAX_USERS = 4               # other users sharing the system prompt
-CHUNK_TOKENS = 64           # tokens per engine step on the experiment's engines (a short slice)
+CHUNK_TOKENS = 16           # tokens per engine step on the experiment's engines: one block, a short slice
 
 
 def prefix_cache(call) -> None:
@@ -77,11 +77,11 @@ def measure(engine, prompts: list[tuple[str, str, list[int]]]):
     blocks = sum(-(-len(ids) // bs) + 1 for _, _, ids in prompts) + 4     # room for all: no eviction
     settings = dict(num_kv_blocks=blocks, max_num_seqs=1, max_num_batched_tokens=CHUNK_TOKENS, trace_steps=16)
     cold = engine.sibling(enable_prefix_caching=False, **settings)
+    yield Progress(0, len(prompts), "starting the engine without the cache")
     warm = engine.sibling(enable_prefix_caching=True, **settings)
     yield Progress(0, len(prompts), "warming up")
-    cold.warmup()
-    yield None
-    warm.warmup()
+    for e in (cold, warm):                  # first-call costs (allocator, threads) out of the timings
+        yield from first_token(e, [engine.model_config.bos_token_id] * 3)
     started = time.time()
     seen: set[bytes] = set()        # hashes the cache-on engine has published so far
     rows = []

@@ -106,7 +106,8 @@ def test_free_blocks_drop_while_a_request_runs(real_ws, server):
     assert busy["shared_blocks"] > 0
     assert figure_keys_present(busy)
     for mid in (first, second):
-        real_ws.finish(mid)
+        while real_ws.recv_for(mid, timeout=120)["type"] not in ("done", "error"):
+            pass
     wait_for(lambda: health()["running"] == 0, timeout=60, what="the requests to end")
     after = real_ws.call("paging")
     assert after["free_blocks"] == after["total_blocks"] == health()["kv"]["free_blocks"]   # every block back

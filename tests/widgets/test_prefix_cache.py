@@ -36,8 +36,19 @@ def test_prefix_cache_refuses_bad_input_naming_the_field(ws):
         err = ws.error(msg, "bad")
         assert err["param"] == param, (change, err)
         assert param in err["message"] or param == "color", err
-    r = ws.call("prefix_cache", system=SYSTEM, question=QUESTION)        # still usable
+    r = measure(ws, system=SYSTEM, question=QUESTION)        # still usable
     assert r["type"] == "prefix_cache", r
+
+
+def measure(ws, **fields) -> dict:
+    """The job's reply, past its progress messages (which say what is being measured)."""
+    mid = ws.next_id()
+    ws.send({"type": "prefix_cache", "id": mid, **fields})
+    while True:
+        m = ws.recv_for(mid, timeout=180)
+        if m["type"] != "progress":
+            return m
+        assert 0 <= m["done"] <= m["total"] and m["note"]
 
 
 def chain(ids, bs):
@@ -80,19 +91,19 @@ def check_reply(r, tokenizer):
 
 
 def test_second_ask_is_served_from_the_cache(ws, live_server):
-    r = ws.call("prefix_cache", system=SYSTEM, question=QUESTION, users=USERS, run=7)
+    r = measure(ws, system=SYSTEM, question=QUESTION, users=USERS, run=7)
     assert r["type"] == "prefix_cache", r
     check_reply(r, live_server.runtime.engine.tokenizer)
-    again = ws.call("prefix_cache", system=SYSTEM, question=QUESTION, users=USERS, run=7)
+    again = measure(ws, system=SYSTEM, question=QUESTION, users=USERS, run=7)
     assert again["machine"] == r["machine"], "the same run comes from the job cache"
-    fresh = ws.call("prefix_cache", system=SYSTEM, question=QUESTION, users=USERS, run=8)
+    fresh = measure(ws, system=SYSTEM, question=QUESTION, users=USERS, run=8)
     assert fresh["type"] == "prefix_cache" and fresh["cached_tokens"] == r["cached_tokens"]
 
 
 @pytest.mark.real_model
 def test_cached_first_token_is_transformers_greedy_token(real_ws, hf_reference, smollm_loaded):
     hf_model, tokenizer = hf_reference
-    r = real_ws.call("prefix_cache", system=SYSTEM, question=QUESTION, users=USERS, run=1)
+    r = measure(real_ws, system=SYSTEM, question=QUESTION, users=USERS, run=1)
     assert r["type"] == "prefix_cache", r
     prompts = check_reply(r, smollm_loaded.tokenizer)
     for ids, p in zip(prompts, r["prompts"]):

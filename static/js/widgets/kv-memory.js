@@ -64,7 +64,7 @@ export function mount(root, ctx) {
   const formula = el("p", { class: "kvm-formula", "aria-live": "polite" });
   const compare = el("div", { class: "kvm-compare", role: "table", "aria-label": "Attention variants at the same context" });
   const compareNote = el("p", { class: "note" });
-  const livePool = stat("Live pool", { key: "live_pool_bytes_per_token", note: "bytes per token slot", badge: "live" });
+  const livePool = stat("Live pool", { key: "live_pool_bytes_per_token", note: "bytes per token slot" });
   const calcLive = stat("Calculator", { note: "the served model, its dtype" });
   const liveNote = el("p", { class: "note" });
   const liveCheck = el("p", { class: "kvm-check" });
@@ -98,7 +98,6 @@ export function mount(root, ctx) {
         + `× ${fmtNum(ctxLen)} tokens × ${n} = ${fmtBytes(per * ctxLen * n)}`
       : `2 (K and V) × ${s.layers} layers × ${s.kvHeads} KV heads × ${s.head} = ${fmtNum(values)} values × ${bytes} B = ${fmtNum(per)} B per token; `
         + `× ${fmtNum(ctxLen)} tokens × ${n} = ${fmtBytes(per * ctxLen * n)}`;
-    [layers, kvHeads].forEach((input) => { input.disabled = false; });
     kvHeads.disabled = Boolean(s.mla);
     head.disabled = Boolean(s.mla);
     drawCompare(s, bytes, ctxLen, n);

@@ -22,11 +22,11 @@ export function mount(root, ctx) {
   const state = { timer: null, inFlight: false, visible: true, alive: true, demos: [], last: null };
   ctx.setOptions({ demo: opts.demo }, OPTIONS);
 
-  const free = stat("Free", { key: "free_blocks", note: "blocks no request holds", badge: "live" });
+  const free = stat("Free", { key: "free_blocks", note: "blocks no request holds" });
   const total = stat("Pool", { key: "total_blocks", note: "blocks in all" });
   const shared = stat("Shared", { key: "shared_blocks", note: "blocks held by 2+ requests" });
   const cachedFree = stat("Cached, free", { key: "cached_free_blocks", note: "free, prefix kept for reuse" });
-  const naive = stat("Contiguous waste", { key: "naive_waste_fraction", note: "max-length buffers, same requests", badge: "computed" });
+  const naive = stat("Contiguous waste", { key: "naive_waste_fraction", note: "max-length buffers, same requests" });
   const paged = stat("Paged waste", { key: "paged_waste_fraction", note: "empty slots in held blocks" });
 
   const button = el("button", { type: "button", class: "pg-demo", text: `Start ${opts.demo} requests sharing a system prompt` });
@@ -44,7 +44,7 @@ export function mount(root, ctx) {
 
   root.append(
     el("div", { class: "controls" }, [button, demoNote]),
-    el("div", { class: "stats pg-stats" }, [free.node, total.node, shared.node, cachedFree.node, naive.node, paged.node]),
+    figure("The pool now", ["live", "computed"], [el("div", { class: "stats" }, [free.node, total.node, shared.node, cachedFree.node, naive.node, paged.node])]),
     el("div", { class: "pg-grid" }, [
       figure("Block tables of the requests running now", ["live"], [tables]),
       figure("The KV pool, block by block", ["live"], [pool, legend, poolNote]),

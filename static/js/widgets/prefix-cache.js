@@ -38,8 +38,8 @@ export function mount(root, ctx) {
   const button = el("button", { type: "button", class: "pc-run", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
 
-  const cached = stat("Cached tokens", { key: "cached_tokens", note: "on the second ask", badge: "live" });
-  const saved = stat("TTFT saved", { key: "ttft_saved_ms", note: "second ask, without − with", badge: "measured" });
+  const cached = stat("Cached tokens", { key: "cached_tokens", note: "on the second ask" });
+  const saved = stat("TTFT saved", { key: "ttft_saved_ms", note: "second ask, without − with" });
   const without = stat("TTFT without", { key: "ttft_without_ms", note: "second ask, cache off" });
   const withCache = stat("TTFT with", { key: "ttft_with_ms", note: "second ask, cache on" });
   const machine = el("p", { class: "note pc-machine" });
@@ -56,8 +56,8 @@ export function mount(root, ctx) {
     ]),
     el("div", { class: "controls" }, [button]),
     progress,
-    el("div", { class: "stats pc-stats" }, [cached.node, saved.node, without.node, withCache.node]),
-    machine,
+    figure("The same question, asked a second time", ["live", "measured"], [
+      el("div", { class: "stats pc-stats" }, [cached.node, saved.node, without.node, withCache.node]), machine]),
     figure("Time to first token, with and without the cache", ["measured", "live"], [table]),
     figure("Which blocks matched: a hash chain over full blocks", ["live"], [legend, blocks, detail]),
   );
@@ -95,17 +95,21 @@ export function mount(root, ctx) {
     blocks.replaceChildren(...r.prompts.map((p, i) => el("div", { class: "pc-brow" }, [
       el("span", { class: "pc-blabel", text: p.label }),
       el("span", { class: "pc-chain" }, p.blocks.map((b) => el("button", {
-        type: "button", class: `pc-b pc-${b.status.replace(" ", "-")}`,
+        type: "button", class: `pc-b pc-${b.status.replace(" ", "-")}`, "data-prompt": i, "data-block": b.index,
         title: `block ${b.index} (tokens ${b.start}–${b.start + b.num_tokens - 1}): ${STATUS[b.status]}${b.hash ? `; hash ${b.hash}…` : ""}`,
         onclick: () => showDetail(i, b.index),
       }, [String(b.index)]))),
     ])));
-    showDetail(1, 0);
+    // start on the block where the first user's question breaks the chain, if there is one
+    const user = r.prompts.findIndex((p, i) => i >= 2 && p.blocks.some((b) => b.status === "miss"));
+    showDetail(user >= 0 ? user : 1, user >= 0 ? r.prompts[user].blocks.findIndex((b) => b.status === "miss") : 0);
   }
 
   function showDetail(promptIndex, blockIndex) {
     const p = state.result.prompts[promptIndex], b = p.blocks[blockIndex], bs = state.result.block_size;
     const text = p.tokens.slice(b.start, b.start + b.num_tokens).map(visibleWhitespace).join("");
+    blocks.querySelectorAll(".pc-b").forEach((node) => node.classList.toggle("is-selected",
+      Number(node.dataset.prompt) === promptIndex && Number(node.dataset.block) === blockIndex));
     detail.replaceChildren(
       el("p", { class: "pc-detail-head", text: `${p.label}, block ${b.index}: ${STATUS[b.status]}` }),
       el("p", { class: "pc-detail-hash", text: b.hash ? `hash(previous block's hash, these ${bs} token ids) = ${b.hash}…` : `only ${b.num_tokens} of ${bs} slots filled: no hash` }),
