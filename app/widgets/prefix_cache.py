@@ -12,20 +12,22 @@ own beside the serving one (`engine.sibling`): one with prefix caching on, one w
 measurement neither reads nor disturbs the cache and timings of the readers being served (the
 serving engine's cache holds whatever the classroom sent; a fresh engine starts empty, which is
 what makes "first ask: nothing cached" true). Prompts, in order: the question, the same question
-again, then each user's question after the same system prompt. Each prompt is prefilled once on
-each engine, one engine step per slice; its TTFT is the sum of the engine steps up to its first
-token (time spent serving others between slices is not counted). `run` is the reader's "measure
+again, then each user's question after the same system prompt. The scenario runs REPEATS rounds
+(each with a fresh, empty cache-on engine), one engine step per slice; a prompt's TTFT is the sum
+of the engine steps up to its first token (time spent serving others between slices is not
+counted), and the reply gives the median over the rounds, with every round's time. `run` is the reader's "measure
 again" counter: a new value is a new job, where the same inputs come from the job cache.
 """
 
 import os
 import platform
+import statistics
 import time
 
 import torch
 
 from core.block_manager import hash_block
-from core.errors import InvalidParameter, is_int
+from core.errors import InvalidParameter
 from core.sampling_params import SamplingParams
 
 from ..jobs import Progress
@@ -34,6 +36,7 @@ from .base import Widget, integer, message, text
 MAX_SYSTEM_TOKENS = 384     # the shared system prompt, in tokens
 MAX_QUESTION_TOKENS = 64    # each question
 MAX_USERS = 4               # other users sharing the system prompt
+REPEATS = 3                 # rounds of the whole scenario: TTFTs are medians (a shared machine is noisy)
 CHUNK_TOKENS = 16           # tokens per engine step on the experiment's engines: one block, a short slice
 
 
@@ -72,43 +75,56 @@ def check_tokens(call, value: str, name: str, limit: int) -> None:
 
 
 def measure(engine, prompts: list[tuple[str, str, list[int]]]):
-    """Each prompt prefilled on a cache-off engine and on a cache-on engine; per-block matches."""
+    """Each prompt prefilled on a cache-off engine and on a cache-on engine, REPEATS times (a fresh
+    cache-on engine each round, fed the prompts in the same order): median TTFTs, per-block matches."""
     bs = engine.config.block_size
     blocks = sum(-(-len(ids) // bs) + 1 for _, _, ids in prompts) + 4     # room for all: no eviction
     settings = dict(num_kv_blocks=blocks, max_num_seqs=1, max_num_batched_tokens=CHUNK_TOKENS, trace_steps=16)
+    total = REPEATS * len(prompts)
     cold = engine.sibling(enable_prefix_caching=False, **settings)
-    yield Progress(0, len(prompts), "starting the engine without the cache")
-    warm = engine.sibling(enable_prefix_caching=True, **settings)
-    yield Progress(0, len(prompts), "warming up")
-    for e in (cold, warm):                  # first-call costs (allocator, threads) out of the timings
-        yield from first_token(e, [engine.model_config.bos_token_id] * 3)
+    yield Progress(0, total, "starting the engine without the cache")
+    yield from first_token(cold, [engine.model_config.bos_token_id] * 3)   # first-call costs out of the timings
     started = time.time()
-    seen: set[bytes] = set()        # hashes the cache-on engine has published so far
-    rows = []
-    for i, (label, question, ids) in enumerate(prompts):
-        yield Progress(i, len(prompts), f"{label}: without the cache")
-        without = yield from first_token(cold, ids)
-        yield Progress(i + 0.5, len(prompts), f"{label}: with the cache")
-        expected = block_matches(ids, bs, seen)
-        with_cache = yield from first_token(warm, ids)
-        seen.update(b["hash_bytes"] for b in expected if b["full"])
-        rows.append({
-            "label": label, "question": question, "prompt_tokens": len(ids),
-            "tokens": engine.tokenizer.token_texts(ids),
-            "cached_tokens": with_cache["cached_tokens"],
-            "ttft_without_ms": without["ttft_ms"], "ttft_with_ms": with_cache["ttft_ms"],
-            "ttft_saved_ms": round(without["ttft_ms"] - with_cache["ttft_ms"], 3),
-            "steps_without": without["steps"], "steps_with": with_cache["steps"],
-            "first_token_without": without["first_token"], "first_token_with": with_cache["first_token"],
-            "blocks": [{k: v for k, v in b.items() if k != "hash_bytes"} for b in expected],
-        })
+    without = [[] for _ in prompts]
+    with_cache = [[] for _ in prompts]
+    for r in range(REPEATS):
+        warm = engine.sibling(enable_prefix_caching=True, **settings)       # an empty cache each round
+        yield Progress(r * len(prompts), total, f"round {r + 1} of {REPEATS}: a fresh engine with the cache")
+        yield from first_token(warm, [engine.model_config.bos_token_id] * 3)  # no full block: caches nothing
+        seen: set[bytes] = set()        # hashes this cache-on engine has published so far
+        for i, (label, _, ids) in enumerate(prompts):
+            yield Progress(r * len(prompts) + i, total, f"round {r + 1} of {REPEATS}: {label}")
+            without[i].append((yield from first_token(cold, ids)))
+            expected = block_matches(ids, bs, seen)
+            with_cache[i].append((yield from first_token(warm, ids)) | {"blocks": expected})
+            seen.update(b["hash_bytes"] for b in expected if b["full"])
+    rows = [prompt_row(engine, prompt, off, on) for prompt, off, on in zip(prompts, without, with_cache)]
     second = rows[1]
     return {
-        "block_size": bs, "chunk_tokens": CHUNK_TOKENS,
+        "block_size": bs, "chunk_tokens": CHUNK_TOKENS, "repeats": REPEATS,
         "shared_prefix_tokens": common_prefix(prompts[0][2], prompts[2][2]) if len(prompts) > 2 else None,
         "prompts": rows,
         "cached_tokens": second["cached_tokens"], "ttft_saved_ms": second["ttft_saved_ms"],
         "machine": machine(started),
+    }
+
+
+def prompt_row(engine, prompt, off: list[dict], on: list[dict]) -> dict:
+    """One prompt's runs summed up: median TTFTs, and what the cache-on runs took from the cache
+    (the same in every round: each round starts empty and sees the same prompts in order)."""
+    label, question, ids = prompt
+    first = on[0]
+    t_off = statistics.median(run["ttft_ms"] for run in off)
+    t_on = statistics.median(run["ttft_ms"] for run in on)
+    return {
+        "label": label, "question": question, "prompt_tokens": len(ids),
+        "tokens": engine.tokenizer.token_texts(ids),
+        "cached_tokens": first["cached_tokens"],
+        "ttft_without_ms": t_off, "ttft_with_ms": t_on, "ttft_saved_ms": round(t_off - t_on, 3),
+        "ttft_without_runs_ms": [run["ttft_ms"] for run in off], "ttft_with_runs_ms": [run["ttft_ms"] for run in on],
+        "steps_without": off[0]["steps"], "steps_with": first["steps"],
+        "first_token_without": off[0]["first_token"], "first_token_with": first["first_token"],
+        "blocks": [{k: v for k, v in b.items() if k != "hash_bytes"} for b in first["blocks"]],
     }
 
 

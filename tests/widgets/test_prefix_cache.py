@@ -86,6 +86,8 @@ def check_reply(r, tokenizer):
         assert [b["hash"] for b in p["blocks"] if b["full"]] == chain(ids, bs)
         assert len(p["blocks"]) == -(-len(ids) // bs)
         assert p["first_token_with"] == p["first_token_without"]
+        assert len(p["ttft_with_runs_ms"]) == len(p["ttft_without_runs_ms"]) == r["repeats"]
+        assert p["ttft_with_ms"] == sorted(p["ttft_with_runs_ms"])[r["repeats"] // 2]      # the median
     assert r["machine"]["threads"] >= 1 and r["machine"]["measured_at"]
     return prompts
 

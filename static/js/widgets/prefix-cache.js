@@ -71,7 +71,8 @@ export function mount(root, ctx) {
     withCache.set(second.ttft_with_ms, fmtMs(second.ttft_with_ms));
     const m = r.machine;
     machine.textContent = `Measured here on ${m.measured_at}: ${m.threads} torch thread${m.threads === 1 ? "" : "s"} on ${m.cpu_count} CPU${m.cpu_count === 1 ? "" : "s"} (${m.processor}), `
-      + `on two engines beside the serving one (cache on and off), ${r.chunk_tokens} tokens per step. TTFT is the sum of the engine steps up to the first token; `
+      + `on engines beside the serving one (cache on and off, each starting empty), ${r.chunk_tokens} tokens (one block) per step. `
+      + `TTFT is the sum of the engine steps up to the first token, the median of ${r.repeats} rounds; `
       + "the machine is shared with the readers being served, so timings vary from run to run.";
     drawTable(r);
     drawBlocks(r);
