@@ -143,3 +143,32 @@ def test_paging_page_shows_shared_blocks_and_gives_them_back(pg, server, artifac
     wait_for(lambda: figure_value(page, "free_blocks", PAGING) == total, timeout=30, what="every block back")
     assert figure_value(page, "cached_free_blocks", PAGING) > 0
     pg.assert_clean()
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_paging_polls_only_while_on_screen(pg):
+    """On the walkthrough, snapshots are asked for twice a second while the widget is in view and
+    not at all once it is scrolled far away."""
+    page = pg.page
+    sent = []
+
+    def watch(socket):
+        socket.on("framesent", lambda payload: sent.append((time.monotonic(), payload)))
+    page.on("websocket", watch)
+    pg.goto("/#paging")
+    wait_ready(page, PAGING)
+    into_view = "document.querySelector('[data-widget=\"paging\"]').scrollIntoView()"
+    page.evaluate(into_view)          # widgets above it grow as they mount and push it down
+
+    def snapshots_in(seconds: float) -> int:
+        t0 = time.monotonic()
+        page.wait_for_timeout(seconds * 1000)          # (playwright hears frames only while it waits)
+        return sum(1 for t, p in sent if t >= t0 and json.loads(p).get("type") == "paging")
+    assert snapshots_in(2.0) >= 2
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(600)                          # a poll already on its way may still land
+    assert snapshots_in(2.0) == 0
+    page.evaluate(into_view)
+    assert snapshots_in(2.0) >= 2
+    pg.assert_clean()
