@@ -33,9 +33,9 @@ from core.sampling_params import SamplingParams
 from ..jobs import Progress
 from .base import Widget, integer, message, text
 
-MAX_SYSTEM_TOKENS = 384     # the shared system prompt, in tokens
-MAX_QUESTION_TOKENS = 64    # each question
-MAX_USERS = 4               # other users sharing the system prompt
+MAX_SYSTEM_TOKENS = 192     # the shared system prompt, in tokens
+MAX_QUESTION_TOKENS = 48    # each question
+MAX_USERS = 3               # other users sharing the system prompt
 REPEATS = 3                 # rounds of the whole scenario: TTFTs are medians (a shared machine is noisy)
 CHUNK_TOKENS = 16           # tokens per engine step on the experiment's engines: one block, a short slice
 
