@@ -6,8 +6,8 @@ PagedAttention": the KV pool is cut into fixed blocks; each running request hold
 with a reference count. The picture is set against what the older way would hold for the same
 requests: one contiguous buffer per request, reserved for the longest sequence it might reach.
 
-Message: `paging` {} -> a snapshot of the serving engine, taken on its loop thread between two
-steps (`EngineLoop.call`: one short function, no job). It is deliberately not a job: jobs are
+Message: `paging` {} -> a snapshot of the serving engine (every running request, the asker's
+marked `yours`), taken on its loop thread between two steps (`EngineLoop.call`: one short function, no job). It is deliberately not a job: jobs are
 cached by their inputs, and a live view polled twice a second would only evict other widgets'
 results from that cache (or need a fake input such as the time to dodge it). The connection's
 message rate limit bounds how often a reader can ask.
@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 
 def paging(call) -> None:
     window = call.info["context_window"]
-    future = call.runtime.loop.call(lambda engine: snapshot(engine, window))
+    with call.conn.lock:                   # this reader's requests in flight: client id -> engine id
+        mine = frozenset(call.conn.requests.values())
+    future = call.runtime.loop.call(lambda engine: snapshot(engine, window, mine))
 
     def answer(done) -> None:  # on the loop thread: only queue the reply
         try:
@@ -36,16 +38,17 @@ def paging(call) -> None:
     future.add_done_callback(answer)
 
 
-def snapshot(engine, window: int) -> dict:
+def snapshot(engine, window: int, mine: frozenset = frozenset()) -> dict:
     """The pool and every running request's block table, read through the engine's snapshot
-    methods (block_tables, kv_stats, kv_pool_map) and summed up."""
+    methods (block_tables, kv_stats, kv_pool_map) and summed up; `mine`: the asking reader's
+    engine request ids, marked `yours`."""
     kv = engine.kv_stats()
     tables = engine.block_tables()
     pool = engine.kv_pool_map()
-    return {"time": time.time(), "context_window": window, **summarize(kv, tables, pool, window)}
+    return {"time": time.time(), "context_window": window, **summarize(kv, tables, pool, window, mine)}
 
 
-def summarize(kv: dict, tables: list[dict], pool: dict, window: int) -> dict:
+def summarize(kv: dict, tables: list[dict], pool: dict, window: int, mine: frozenset = frozenset()) -> dict:
     """Pool counts, each request's blocks, sharing, and the contiguous reservation's waste."""
     bs = kv["block_size"]
     refs = pool["ref_counts"]                                   # (num_blocks,)
@@ -58,7 +61,7 @@ def summarize(kv: dict, tables: list[dict], pool: dict, window: int) -> dict:
     # request's own last block.
     empty = sum(len(t["blocks"]) * bs - t["num_tokens"] for t in tables)
     requests = [{
-        "request_id": t["request_id"], "num_tokens": t["num_tokens"],
+        "request_id": t["request_id"], "yours": t["request_id"] in mine, "num_tokens": t["num_tokens"],
         "num_computed_tokens": t["num_computed_tokens"], "num_cached_tokens": t["num_cached_tokens"],
         "blocks": t["blocks"], "ref_counts": t["ref_counts"],
         "empty_slots": len(t["blocks"]) * bs - t["num_tokens"],

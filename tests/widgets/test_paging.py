@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from conftest import figure_value, healthz, shoot_widget, wait_for, wait_ready
+from conftest import WS, figure_value, healthz, shoot_widget, wait_for, wait_ready
 
 PAGING = '[data-widget="paging"]'
 SYSTEM = ("You are a patient tutor. Explain one idea at a time with an everyday example, keep answers short, "
@@ -63,6 +63,7 @@ def test_summary_of_requests_sharing_a_prefix(make_tiny_engine, assert_pool_clea
     assert a["blocks"][:2] == b["blocks"][:2], "the two full prefix blocks are the same physical blocks"
     assert a["ref_counts"][:2] == b["ref_counts"][:2] == [2, 2]
     assert b["num_cached_tokens"] == 32
+    assert not a["yours"] and not b["yours"]
     assert s["shared_blocks"] == 2 and s["shared_refs"] == 4
     held = set(a["blocks"]) | set(b["blocks"])
     assert s["free_blocks"] == s["total_blocks"] - len(held)
@@ -104,6 +105,13 @@ def test_free_blocks_drop_while_a_request_runs(real_ws, server):
     assert busy["free_blocks"] < idle["free_blocks"]
     assert busy["free_blocks"] == busy["total_blocks"] - len({b for r in busy["requests"] for b in r["blocks"]})
     assert busy["shared_blocks"] > 0
+    assert all(r["yours"] for r in busy["requests"]), "both were sent on this connection"
+    other = WS(f"ws://127.0.0.1:{server.port}/ws")       # another reader sees them, not as its own
+    try:
+        seen = other.call("paging")["requests"]
+        assert seen and not any(r["yours"] for r in seen)
+    finally:
+        other.close()
     assert figure_keys_present(busy)
     for mid in (first, second):
         while real_ws.recv_for(mid, timeout=120)["type"] not in ("done", "error"):
