@@ -273,19 +273,23 @@ SECTIONS: tuple[Section, ...] = (
              "spans several steps, while the decoders' inter-token latency, the gap between one token and the "
              "next, stays short. The widget measures those gaps with chunking on and off.")),
     Section(16, "prefix-cache", "Prefix caching", ("prefix-cache",), ("live", "measured"),
-            "Requests that share a system prompt sent to the live engine: how many prompt tokens each takes from "
-            "the prefix cache, and the measured time to first token with and without it.",
+            "The same question asked twice, and several users' questions after one system prompt: how many prompt "
+            "tokens each takes from the prefix cache, which blocks matched, and the time to first token with and "
+            "without the cache, measured on this server.",
             ("Many requests begin alike: the same system prompt, the same document, the earlier turns of the "
              "same chat. A shared beginning produces the same keys and values every time, so computing them "
              "again for each request is wasted work.",
-             "sendlens names each full block of 16 tokens by a chained hash, computed from the block's tokens "
+             "sendlens names each full block of {block_size} tokens by a chained hash, computed from the block's tokens "
              "and the hash of the block before it. Equal names therefore mean that the whole text up to that "
              "block is equal, not just those 16 tokens. A new request looks up its blocks in order, takes every "
              "match, and stops at the first miss.",
              "Some details matter. Only full blocks are shared, and the last prompt token is always computed "
              "afresh, because its logits pick the first new token. A block whose last user has finished keeps "
              "its contents until the pool needs room and evicts the least recently used. This is what makes the "
-             "follow-up turns in [the chat](#chat) cheap.")),
+             "follow-up turns in [the chat](#chat) cheap.",
+             "The widget measures on two engines of its own that share the live model's weights, one with the "
+             "cache and one without, both starting empty. The serving engine's cache holds whatever other readers "
+             "sent, so a measurement there would neither start from nothing nor leave their timings alone.")),
     Section(17, "tensor-parallel", "Tensor parallelism", ("tensor-parallel",), ("live", "measured"),
             "SmolLM2's layers split across real worker processes with torch.distributed: the sharded matrices, "
             "the all-reduce that sums their partial results, the output compared with a single process, and the "

@@ -266,6 +266,12 @@ class LLMEngine:
             "bytes_per_token": self.model_config.kv_values_per_token * BYTES_PER_VALUE,
         }
 
+    def kv_pool_map(self) -> dict:
+        """Every block of the pool: its reference count (0: free), and the ids of the blocks that
+        hold a published prefix (in use, or free but not yet evicted)."""
+        bm = self.block_manager
+        return {"ref_counts": bm.ref_counts(), "cached_block_ids": sorted(bm.cached.values())}
+
 
 @dataclasses.dataclass
 class _Shared:

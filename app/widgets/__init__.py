@@ -7,8 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-<<<<<<< HEAD
-from . import attention, block, chat, embedding, generation, kv_cache, phases, positions, tokenizer
+from . import (attention, block, chat, embedding, generation, kv_cache, kv_memory, paging, phases, positions,
+               prefix_cache, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -20,6 +20,9 @@ WIDGETS = [
     generation.WIDGET,
     phases.WIDGET,
     kv_cache.WIDGET,
+    kv_memory.WIDGET,
+    paging.WIDGET,
+    prefix_cache.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}

@@ -1,0 +1,48 @@
+"""Widget `kv-memory` (section 10): how big the KV cache is, and the live pool it is checked against.
+
+The calculator itself runs in the browser (static/js/widgets/kv-memory.js): per token a cache
+holds 2 (K and V) x layers x KV heads x head size values, or for multi-head latent attention
+(DeepSeek-V2/V3, DeepSeek-AI 2024) one latent plus one RoPE key per layer. This module answers
+the one question the browser cannot: what this server's engine really set aside.
+
+Message: `kv_pool` {} -> a one-slice job that reads the engine's KV tensors (their shapes, dtype
+and bytes) and its pool of blocks, and divides: `live_pool_bytes_per_token` = KV tensor bytes /
+token slots (blocks x block size). Cached by its (empty) inputs: the pool never changes while the
+server runs.
+"""
+
+from .base import Widget, message
+
+
+def kv_pool(call) -> None:
+    call.job({}, kv_pool_job)
+
+
+def kv_pool_job(engine) -> dict:
+    """One slice on the loop thread: engine.cache's tensors and kv_stats(), never the scheduler."""
+    kv = engine.kv_stats()
+    cache = engine.cache
+    tensors = {name: getattr(cache, name) for name in ("k", "v") if hasattr(cache, name)}
+    slots = kv["total_blocks"] * kv["block_size"]
+    total = int(cache.nbytes)
+    dtype = next(iter(tensors.values())).dtype if tensors else None
+    return {
+        "tensors": {name: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                           "bytes": int(t.nbytes)} for name, t in tensors.items()},
+        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "bytes_per_value": dtype.itemsize if dtype is not None else None,
+        "kv_bytes": total,
+        "total_blocks": kv["total_blocks"],
+        "block_size": kv["block_size"],
+        "token_slots": slots,
+        "live_pool_bytes_per_token": total / slots,
+        "engine_bytes_per_token": kv["bytes_per_token"],
+        "num_layers": engine.model_config.num_layers,
+        "num_kv_heads": engine.model_config.num_kv_heads,
+        "head_dim": engine.model_config.head_dim,
+    }
+
+
+WIDGET = Widget("kv-memory", messages=(
+    message("kv_pool", set(), kv_pool, job=True),
+))
