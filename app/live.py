@@ -83,6 +83,15 @@ class Call:
         (cached by this message type and `inputs`, which must determine the result)."""
         self.conn.start_job(self, inputs, work)
 
+    def own_requests(self) -> frozenset:
+        """The engine request ids this connection has in flight (to mark a reader's own)."""
+        with self.conn.lock:
+            return frozenset(self.conn.requests.values())
+
+    def error(self, code: str, message: str, param: str | None = None) -> None:
+        """Answer with an error from a callback (a handler itself raises InvalidParameter instead)."""
+        self.conn.send(ProtocolError(code, message, param, self.id).as_message())
+
     def generate(self, seq, format_output, accepted: dict | None = None) -> None:
         """Run a prepared engine sequence: first `accepted` (a reply of that type) if given, then
         format_output(id, out) -> the messages for each engine output (none, to answer only at the end)."""

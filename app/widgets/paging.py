@@ -7,8 +7,8 @@ with a reference count. The picture is set against what the older way would hold
 requests: one contiguous buffer per request, reserved for the longest sequence it might reach.
 
 Message: `paging` {} -> a snapshot of the serving engine (every running request, the asker's
-marked `yours`), taken on its loop thread between two steps (`EngineLoop.call`: one short function, no job). It is deliberately not a job: jobs are
-cached by their inputs, and a live view polled twice a second would only evict other widgets'
+marked `yours`), taken on its loop thread between two steps (`EngineLoop.call`: one short
+function, no job). It is deliberately not a job: jobs are cached by their inputs, and a live view polled twice a second would only evict other widgets'
 results from that cache (or need a fake input such as the time to dodge it). The connection's
 message rate limit bounds how often a reader can ask.
 """
@@ -16,7 +16,6 @@ message rate limit bounds how often a reader can ask.
 import logging
 import time
 
-from ..protocol import ProtocolError
 from .base import Widget, message
 
 log = logging.getLogger(__name__)
@@ -24,8 +23,7 @@ log = logging.getLogger(__name__)
 
 def paging(call) -> None:
     window = call.info["context_window"]
-    with call.conn.lock:                   # this reader's requests in flight: client id -> engine id
-        mine = frozenset(call.conn.requests.values())
+    mine = call.own_requests()             # this reader's requests in flight
     future = call.runtime.loop.call(lambda engine: snapshot(engine, window, mine))
 
     def answer(done) -> None:  # on the loop thread: only queue the reply
@@ -33,8 +31,7 @@ def paging(call) -> None:
             call.reply(done.result())
         except Exception:
             log.exception("paging snapshot failed")
-            call.conn.send(ProtocolError("internal_error", "the server failed to read its block tables",
-                                         None, call.id).as_message())
+            call.error("internal_error", "the server failed to read its block tables")
     future.add_done_callback(answer)
 
 
