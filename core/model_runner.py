@@ -9,6 +9,7 @@ those sample a token this step. The LM head is 49152 x 576, so skipping the othe
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .attention import PagedBatch, build_group, min_query_rows, plan_groups
@@ -35,6 +36,8 @@ class ModelRunner:
         self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
+        """Plain Python and numpy over the scheduled sequences, then one tensor per field: the
+        cost grows with the number of new tokens, never with the length of the contexts."""
         bs = self.block_size
         ids, positions, slots = [], [], []
         entries = []
@@ -42,22 +45,25 @@ class ModelRunner:
         t = 0
         for seq, n in scheduled:
             start = seq.num_computed_tokens
-            pos = torch.arange(start, start + n)
-            table = torch.tensor(seq.block_table, dtype=torch.long)
-            ids.append(torch.tensor(seq.token_ids[start:start + n], dtype=torch.long))
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            entry = (t, n, start, seq.block_table[: -(-(start + n) // bs)])
-            entries.append(entry)
+            table = seq.block_table
+            ids.extend(seq.token_ids[start:start + n])
+            if n == 1:                                         # a decode: one slot
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                pos = np.arange(start, start + n)
+                positions.extend(pos.tolist())
+                slots.extend((np.asarray(table)[pos // bs] * bs + pos % bs).tolist())
+            entries.append((t, n, start, table[: -(-(start + n) // bs)]))
             if start + n == seq.num_tokens:
                 sample_rows.append(t + n - 1)
                 sample_seqs.append(seq)
             t += n
         groups = [build_group(g, bs, self.min_rows) for g in plan_groups(entries, bs, self.min_rows)]
         return StepInput(
-            input_ids=torch.cat(ids),
-            positions=torch.cat(positions),
-            batch=PagedBatch(self.cache, torch.cat(slots), groups),
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            batch=PagedBatch(self.cache, torch.tensor(slots, dtype=torch.long), groups),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long),
             sample_seqs=sample_seqs,
         )
