@@ -92,12 +92,27 @@ def test_engine_logits_match_transformers(engine_llm, reference_logits):
     assert diff < LOGIT_BOUND[fmt], f"{fmt}: {diff}"
     if fmt == "fp32":
         assert (ours - ref).abs().max().item() < LOGIT_BOUND[fmt]
-    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+    # the same next token wherever the reference's choice is clear by more than the bound
+    clear = margin(ref) > 2 * LOGIT_BOUND[fmt]
+    assert clear.sum() >= 16
+    assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+    if fmt == "fp32":
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
     assert engine.kv_stats()["free_blocks"] == engine.kv_stats()["total_blocks"]
 
 
+def margin(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) -> (...): how far the best token leads the second."""
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
 def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference):
+    """fp32 and bf16: every token equal. q4_1 (4-bit weights, bf16 activations) may part from the
+    reference only at a step where transformers' own two best tokens are within the format's
+    logit bound of each other, and must agree on every token before it."""
     smollm = engine_llm
+    fmt = smollm.engine.config.weight_format.value
     hf_model, _ = hf_reference
     eos = smollm.engine.model_config.eos_token_id
     assert hf_model.generation_config.eos_token_id == eos
@@ -106,9 +121,15 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference):
     for prompt, out in zip(prompts, ours):
         with torch.no_grad():
             gen = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                    do_sample=False, max_new_tokens=48, pad_token_id=eos)
-        expected = gen[0, len(prompt):].tolist()
+                                    do_sample=False, max_new_tokens=48, pad_token_id=eos,
+                                    return_dict_in_generate=True, output_scores=True)
+        expected = gen.sequences[0, len(prompt):].tolist()
         assert out.prompt_token_ids == prompt
+        if fmt == "q4_1" and out.token_ids != expected:
+            first = next(i for i, (a, b) in enumerate(zip(out.token_ids, expected)) if a != b)
+            near_tie = margin(gen.scores[first][0].float()).item()
+            assert near_tie < LOGIT_BOUND[fmt], (first, near_tie, smollm.tokenizer.decode(expected))
+            continue
         assert out.token_ids == expected, smollm.tokenizer.decode(expected)
         if expected[-1] == eos:
             assert out.finish_reason == "stop" and out.stop_reason == eos
