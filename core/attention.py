@@ -88,6 +88,7 @@ class SequenceGroup:
     real_rows: torch.Tensor = None     # (R,) rows of the (S * Q) queries that are real tokens
     real_tokens: torch.Tensor = None   # (R,) their packed index
     blocked: torch.Tensor = None       # (S, 1, G * Q, K) score mask for attend, made by the first layer
+    in_order: bool = False             # real queries are packed tokens 0..R-1 in order (no scatter)
 
     def __post_init__(self):
         if self.flat_blocks is None:
@@ -95,6 +96,7 @@ class SequenceGroup:
             self.flat_tokens = self.token_index.reshape(-1)
             self.real_rows = self.query_mask.reshape(-1).nonzero().squeeze(1)
             self.real_tokens = self.flat_tokens[self.real_rows]
+            self.in_order = torch.equal(self.real_tokens, torch.arange(len(self.real_tokens)))
 
 
 @dataclass
@@ -176,7 +178,7 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
     H = q.shape[1]
     cache.k[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, k)
     cache.v[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, v)
-    out = torch.empty_like(q)
+    out = None
     for g in batch.groups:
         S, Q = g.token_index.shape
         keys = cache.k[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)    # (S, K, Hkv, D)
@@ -184,5 +186,10 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
         if g.blocked is None:
             g.blocked = score_mask(g.mask, H // Hkv)
         y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask, g.blocked)
-        out.index_copy_(0, g.real_tokens, y.reshape(S * Q, H, D).index_select(0, g.real_rows))
+        rows = y.reshape(S * Q, H, D).index_select(0, g.real_rows)          # (R, H, D)
+        if len(batch.groups) == 1 and g.in_order and len(g.real_rows) == q.shape[0]:
+            return rows                                   # one group of every token, in order
+        if out is None:
+            out = torch.empty_like(q)
+        out.index_copy_(0, g.real_tokens, rows)
     return out
