@@ -142,20 +142,25 @@ class LlamaCpp:
                          n_ctx=n_ctx, n_batch=512, verbose=False, logits_all=False)
         self.decode([1] * 8, 2)
 
+    def _greedy(self) -> int:
+        """The argmax of the last evaluated token's logits (llama.cpp keeps only those)."""
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),))
+        return int(logits.argmax())
+
     def decode(self, prompt, n):
         self.llm.reset()
         self.llm.eval(list(prompt))
         times = []
-        token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        token = self._greedy()
         for _ in range(n):
             times.append(time.perf_counter())
             self.llm.eval([token])
-            token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            token = self._greedy()
         return (len(times) - 1) / (times[-1] - times[0])
 
     def prefill(self, prompt):
         self.llm.reset()
         start = time.perf_counter()
         self.llm.eval(list(prompt))
-        int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        self._greedy()
         return len(prompt) / (time.perf_counter() - start)

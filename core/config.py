@@ -4,10 +4,18 @@
 user of `LLM(...)` sets. Every limit the engine enforces has a name here.
 """
 
+import os
 from dataclasses import dataclass
 from enum import Enum
 
 from .errors import InvalidParameter, is_int
+
+# OpenMP's wait policy, read once when torch loads libgomp (core/__init__ imports this module
+# before anything imports torch; set the variable yourself if torch is imported first). The
+# default spins a waiting thread; with another process busy on the same cores a spinning thread
+# takes the slice its partner needs, and decode fell from ~40 to under 1 token/s that way on two
+# cores. Passive waiting costs a wake-up per parallel region instead. An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @dataclass(frozen=True)
