@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import WeightFormat
+from .errors import InvalidParameter
 
 MIN_GEMM_ROWS = 4    # MKL sgemm's row panel: a partial one switches kernels (and rounding)
 BF16_MIN_ROWS = 2    # oneDNN's bf16 matmul takes a matrix-vector kernel for one row
@@ -69,7 +70,8 @@ def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     (the random `tiny`); SmolLM2's loader hands over the GGUF file's own blocks instead."""
     out, cols = w.shape
     if cols % Q4_GROUP:
-        raise ValueError(f"Q4_1 needs the input size to be a multiple of {Q4_GROUP}, got {cols}")
+        raise InvalidParameter("weight_format", f"q4_1 needs every layer's input size to be a multiple "
+                                                f"of {Q4_GROUP}; this model has one of {cols}")
     groups = w.float().reshape(out, cols // Q4_GROUP, Q4_GROUP)
     lo, hi = groups.amin(-1), groups.amax(-1)
     d = ((hi - lo) / 15).half().float()        # GGUF keeps d and m in fp16

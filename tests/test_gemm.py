@@ -61,6 +61,13 @@ def test_q4_1_round_trips_its_own_dequantized_weights():
     assert int(q.max()) == 15 and int(q.min()) == 0
 
 
+def test_q4_1_refuses_rows_that_are_not_whole_groups():
+    from core.errors import InvalidParameter
+    with pytest.raises(InvalidParameter) as err:
+        PackedLinear("q4_1", torch.ones(8, 40))
+    assert err.value.param == "weight_format"
+
+
 def test_packed_q4_1_multiplies_by_the_dequantized_weights():
     g = torch.Generator().manual_seed(3)
     q, d, m = quantize_q4_1(torch.randn(64, 96, generator=g))
