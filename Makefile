@@ -1,6 +1,8 @@
 # sendlens: two commands on a fresh machine.
 #   make serve   install what the server needs, then serve the explainer on the default model
 #   make test    install what the tests need (Chromium included), then run every test
+#   make bench   install the benchmark's peers (llama-cpp-python compiles for minutes), then
+#                run python -m bench and write the table into README.md (BENCH_ARGS=--quick)
 # Both create .venv on first use; later runs reuse it and install nothing new.
 
 PYTHON ?= python3
@@ -12,7 +14,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: serve test fast clean
+BENCH_ARGS ?=
+
+.PHONY: serve test fast bench clean
 
 serve: $(VENV)/.serve-deps
 	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL) $(SETTINGS)
@@ -23,6 +27,9 @@ test: $(VENV)/.test-deps
 # The inner loop: the tiny model only, no browser, no real-model tests (under a minute or two).
 fast: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q -m "not browser and not real_model"
+
+bench: $(VENV)/.bench-deps
+	$(BIN)/python -m bench --readme $(BENCH_ARGS)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +48,10 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 $(VENV)/.test-deps: $(VENV)/.serve-deps
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	touch $@
+
+$(VENV)/.bench-deps: $(VENV)/.serve-deps
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	touch $@
 
 clean:

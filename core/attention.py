@@ -21,6 +21,7 @@ result; this is why a batched request gives exactly the tokens it gives alone.
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .gemm import MIN_GEMM_ROWS
@@ -36,10 +37,12 @@ def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
     return MIN_GEMM_ROWS // math.gcd(group, MIN_GEMM_ROWS)
 
 
-def attend(q, k, v, mask):
+def attend(q, k, v, mask, blocked=None):
     """Grouped-query attention with an explicit softmax.
 
     q: (S, Q, H, D) queries; k, v: (S, K, Hkv, D); mask: (S, Q, K) True where query may see key.
+    blocked: the same mask laid out for the scores, (S, 1, G*Q, K) True where a key is hidden,
+    if the caller has it already (paged_attention computes it once per step, not per layer).
     Returns y (S, Q, H, D) and the attention weights (S, H, Q, K). Query head h reads KV head
     h // (H // Hkv), as in Llama's repeat_kv.
     """
@@ -48,11 +51,19 @@ def attend(q, k, v, mask):
     G = H // Hkv
     q = q.view(S, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(S, Hkv, G * Q, D)  # rows (g, i)
     scores = (q @ k.permute(0, 2, 3, 1)) * (1.0 / math.sqrt(D))          # (S, Hkv, G*Q, K)
-    allowed = mask[:, None, None].expand(S, 1, G, Q, -1).reshape(S, 1, G * Q, -1)
-    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    if blocked is None:
+        blocked = score_mask(mask, G)
+    probs = torch.softmax(scores.masked_fill_(blocked, float("-inf")), dim=-1)
     y = probs @ v.transpose(1, 2)                                        # (S, Hkv, G*Q, D)
     y = y.view(S, Hkv, G, Q, D).permute(0, 3, 1, 2, 4).reshape(S, Q, H, D)
     return y, probs.view(S, H, Q, -1)
+
+
+def score_mask(mask, G: int):
+    """(S, Q, K) True where a query may see a key -> (S, 1, G*Q, K) True where it may not, in the
+    row order of attend's scores (g, i)."""
+    S, Q, K = mask.shape
+    return ~mask[:, None, None].expand(S, 1, G, Q, K).reshape(S, 1, G * Q, K)
 
 
 def causal_attention(q, k, v):
@@ -71,6 +82,21 @@ class SequenceGroup:
     query_mask: torch.Tensor    # (S, Q) True where the query is a real token
     block_tables: torch.Tensor  # (S, nb) physical block ids (padding points at block 0)
     mask: torch.Tensor          # (S, Q, K) causal mask: key position <= query position
+    # Derived once per step, read by every layer: flat indices for index_select / index_copy_.
+    flat_blocks: torch.Tensor = None   # (S * nb,) block_tables flattened
+    flat_tokens: torch.Tensor = None   # (S * Q,) token_index flattened
+    real_rows: torch.Tensor = None     # (R,) rows of the (S * Q) queries that are real tokens
+    real_tokens: torch.Tensor = None   # (R,) their packed index
+    blocked: torch.Tensor = None       # (S, 1, G * Q, K) score mask for attend, made by the first layer
+    in_order: bool = False             # real queries are packed tokens 0..R-1 in order (no scatter)
+
+    def __post_init__(self):
+        if self.flat_blocks is None:
+            self.flat_blocks = self.block_tables.reshape(-1)
+            self.flat_tokens = self.token_index.reshape(-1)
+            self.real_rows = self.query_mask.reshape(-1).nonzero().squeeze(1)
+            self.real_tokens = self.flat_tokens[self.real_rows]
+            self.in_order = torch.equal(self.real_tokens, torch.arange(len(self.real_tokens)))
 
 
 @dataclass
@@ -124,22 +150,20 @@ def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:
     S = len(seqs)
     Q = -(-max(n for _, n, _, _ in seqs) // min_rows) * min_rows
     nb = max(-(-MIN_KEYS // block_size), max(len(table) for _, _, _, table in seqs))
-    rows = torch.arange(Q)
-    token_index = torch.empty(S, Q, dtype=torch.long)
-    query_pos = torch.empty(S, Q, dtype=torch.long)
-    block_tables = torch.zeros(S, nb, dtype=torch.long)
-    lens = torch.empty(S, dtype=torch.long)
-    for i, (start, n, pos, table) in enumerate(seqs):
-        token_index[i] = start + rows.clamp(max=n - 1)
-        query_pos[i] = pos + rows
-        lens[i] = n
-        block_tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
-    key_pos = torch.arange(nb * block_size)
+    starts = np.array([start for start, _, _, _ in seqs], dtype=np.int64)[:, None]
+    lens = np.array([n for _, n, _, _ in seqs], dtype=np.int64)[:, None]
+    first = np.array([pos for _, _, pos, _ in seqs], dtype=np.int64)[:, None]
+    rows = np.arange(Q, dtype=np.int64)[None, :]
+    block_tables = np.zeros((S, nb), dtype=np.int64)
+    for i, (_, _, _, table) in enumerate(seqs):
+        block_tables[i, : len(table)] = table
+    query_pos = first + rows                                            # (S, Q)
+    key_pos = np.arange(nb * block_size, dtype=np.int64)
     return SequenceGroup(
-        token_index=token_index,
-        query_mask=rows[None, :] < lens[:, None],
-        block_tables=block_tables,
-        mask=key_pos[None, None, :] <= query_pos[:, :, None],
+        token_index=torch.from_numpy(starts + np.minimum(rows, lens - 1)),
+        query_mask=torch.from_numpy(rows < lens),
+        block_tables=torch.from_numpy(block_tables),
+        mask=torch.from_numpy(key_pos[None, None, :] <= query_pos[:, :, None]),
     )
 
 
@@ -151,12 +175,21 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
     """
     cache = batch.cache
     Hkv, D = k.shape[1], k.shape[2]
+    H = q.shape[1]
     cache.k[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, k)
     cache.v[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, v)
-    out = torch.empty_like(q)
+    out = None
     for g in batch.groups:
-        keys = cache.k[layer][g.block_tables].flatten(1, 2)    # (S, K, Hkv, D)
-        values = cache.v[layer][g.block_tables].flatten(1, 2)
-        y, _ = attend(q[g.token_index], keys, values, g.mask)  # (S, Q, H, D)
-        out[g.token_index[g.query_mask]] = y[g.query_mask]
+        S, Q = g.token_index.shape
+        keys = cache.k[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)    # (S, K, Hkv, D)
+        values = cache.v[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)
+        if g.blocked is None:
+            g.blocked = score_mask(g.mask, H // Hkv)
+        y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask, g.blocked)
+        rows = y.reshape(S * Q, H, D).index_select(0, g.real_rows)          # (R, H, D)
+        if len(batch.groups) == 1 and g.in_order and len(g.real_rows) == q.shape[0]:
+            return rows                                   # one group of every token, in order
+        if out is None:
+            out = torch.empty_like(q)
+        out.index_copy_(0, g.real_tokens, rows)
     return out

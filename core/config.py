@@ -4,10 +4,18 @@
 user of `LLM(...)` sets. Every limit the engine enforces has a name here.
 """
 
+import os
 from dataclasses import dataclass
 from enum import Enum
 
 from .errors import InvalidParameter, is_int
+
+# OpenMP's wait policy, read once when torch loads libgomp (core/__init__ imports this module
+# before anything imports torch; set the variable yourself if torch is imported first). The
+# default spins a waiting thread; with another process busy on the same cores a spinning thread
+# takes the slice its partner needs, and decode fell from ~40 to under 1 token/s that way on two
+# cores. Passive waiting costs a wake-up per parallel region instead. An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,13 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
 
+class WeightFormat(str, Enum):
+    """How the linear layers' weights are stored and multiplied (see core/gemm.py)."""
+    FP32 = "fp32"   # the reference: fp32 weights, MKL sgemm padded to 4-row panels
+    BF16 = "bf16"   # bfloat16 weights, fp32 accumulation (oneDNN)
+    Q4_1 = "q4_1"   # the GGUF's own 4-bit groups, PyTorch's int4 kernel, fp32 accumulation
+
+
 class Scheduling(str, Enum):
     CONTINUOUS = "continuous"  # iteration-level: requests join and leave at every step (Orca)
     STATIC = "static"          # a batch runs until all its members finish (the old baseline)
@@ -51,6 +66,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling: Scheduling = Scheduling.CONTINUOUS
     num_threads: int | None = None        # torch threads; None: torch's default (one per core)
+    weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16 or q4_1 (fastest)
+    lm_head_candidates: int = 64          # bf16/q4_1: top logits recomputed exactly in fp32
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets
     seed: int = 0                         # seeds the generators of unseeded sampling requests
     cache_dir: str | None = None          # converted weights and tokenizer; None: ~/.cache/sendlens
@@ -61,7 +78,12 @@ class EngineConfig:
         except ValueError:
             raise InvalidParameter("scheduling", f"must be one of {[s.value for s in Scheduling]}, "
                                    f"got {self.scheduling!r}") from None
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "trace_steps"):
+        try:
+            self.weight_format = WeightFormat(self.weight_format)
+        except ValueError:
+            raise InvalidParameter("weight_format", f"must be one of {[f.value for f in WeightFormat]}, "
+                                   f"got {self.weight_format!r}") from None
+        for name in ("block_size", "lm_head_candidates", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "trace_steps"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise InvalidParameter(name, f"must be a positive integer, got {value!r}")

@@ -41,7 +41,8 @@ class LLMEngine:
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
         self.tokenizer = loaded.tokenizer
-        self.model = Transformer.from_state_dict(mc, loaded.state_dict)
+        self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
+                                                 config.lm_head_candidates)
         bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)

@@ -5,6 +5,13 @@ SmolLM2-135M is a Llama: token embedding -> 30 x [RMSNorm -> grouped-query atten
 embedding matrix (tied). Shapes below: T tokens in the packed batch, C = hidden size, H query
 heads and Hkv key/value heads of size D, V vocabulary.
 
+The linear layers keep their fp32 weight (what checkpoints load and the widgets read) and
+multiply through a PackedLinear in the engine's weight format (fp32, bf16 or q4_1, see gemm.py).
+Activations and the residual stream stay fp32; bf16 and q4_1 products come back in bfloat16 and
+are promoted where they join fp32 tensors. The LM head in bf16 and q4_1 is approximate, and the
+top `lm_head_candidates` logits of each row are then recomputed exactly in fp32 (so greedy
+decoding picks what fp32 would, and sampling reads exact logits where the mass is).
+
 The forward pass takes a packed batch of tokens from many sequences with explicit positions and
 no padding, so one engine step can mix prefill chunks and decode tokens (see attention.py).
 Without a PagedBatch it runs one whole sequence with plain causal attention. Nothing here knows
@@ -16,24 +23,32 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import PagedBatch, causal_attention, paged_attention
-from .gemm import linear
-from .config import ModelConfig
+from .config import ModelConfig, WeightFormat
+from .gemm import PackedLinear, linear, linear_q4, pack_q4_1
 
 
 class Linear(nn.Module):
-    """y = x W^T through gemm.linear (batch-invariant); no bias. The weight starts empty:
-    checkpoints load over it, so random initialisation would be wasted time."""
+    """y = x W^T, batch-invariant, in the model's weight format (gemm.PackedLinear); no bias.
+    The weight starts empty: checkpoints load over it, so random initialisation would be wasted
+    time. Until pack() is called the product runs in fp32."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.kernel: PackedLinear | None = None
 
-    def forward(self, x):
-        return linear(x, self.weight)
+    def pack(self, fmt: WeightFormat) -> None:
+        self.kernel = PackedLinear(fmt, self.weight.detach())
+
+    def forward(self, x):  # (N, in) -> (N, out): fp32, or bfloat16 for bf16 and q4_1
+        if self.kernel is None:
+            return linear(x, self.weight)
+        return self.kernel(x)
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (Zhang & Sennrich, 2019): LayerNorm without the mean."""
+    """x / rms(x) * weight (Zhang & Sennrich, 2019): LayerNorm without the mean (torch's fused
+    kernel: one pass, each row on its own)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -41,8 +56,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):  # (T, C)
-        variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -56,16 +70,19 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, D/2)
-        angles = torch.cat([angles, angles], dim=-1)                         # (P, D)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
+        # rotate half: (x1, x2) -> (-x2, x1), written as (x2, x1) * (-sin, sin)
+        self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
+        self._last = (None, None, None)  # (positions, cos, sin): the layers of a step share them
 
     def forward(self, x, positions):  # x: (T, heads, D), positions: (T,)
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+        last, cos, sin = self._last
+        if positions is not last:
+            cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]  # (T, 1, D)
+            self._last = (positions, cos, sin)
         half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + swapped * sin
 
 
 class Attention(nn.Module):
@@ -78,17 +95,16 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.H * self.D, cfg.hidden_size)
 
     def forward(self, x, positions, rotary, batch: PagedBatch | None):
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(
-            [self.H * self.D, self.Hkv * self.D, self.Hkv * self.D], dim=-1)
-        q = rotary(q.view(T, self.H, self.D), positions)        # (T, H, D)
-        k = rotary(k.view(T, self.Hkv, self.D), positions)      # (T, Hkv, D)
-        v = v.view(T, self.Hkv, self.D)                         # (T, Hkv, D)
+        T, H, Hkv, D = x.shape[0], self.H, self.Hkv, self.D
+        qkv = self.qkv_proj(x).float()                           # (T, (H + 2 Hkv) D)
+        qk = rotary(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), positions)  # q and k at once
+        q, k = qk[:, :H], qk[:, H:]                              # (T, H, D), (T, Hkv, D)
+        v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)               # (T, Hkv, D)
         if batch is not None:
             y = paged_attention(q, k, v, self.layer, batch)     # (T, H, D)
         else:
             y, _ = causal_attention(q, k, v)                    # (T, H, D)
-        return self.o_proj(y.reshape(T, self.H * self.D))       # (T, C)
+        return self.o_proj(y.reshape(T, H * D))                 # (T, C)
 
 
 class MLP(nn.Module):
@@ -127,13 +143,35 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        self.weight_format = WeightFormat.FP32
+        self.lm_head_candidates = 0
+        self.lm_head = None  # bf16 and q4_1: the approximate LM head's tensors
 
     @classmethod
-    def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> "Transformer":
-        """Build with empty weights, then adopt the checkpoint's tensors (no copy)."""
+    def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
+                        weight_format: WeightFormat | str = WeightFormat.FP32,
+                        lm_head_candidates: int = 64) -> "Transformer":
+        """Build with empty weights, then adopt the checkpoint's tensors (no copy), and pack the
+        linear layers' weights in `weight_format` (fp32 packs nothing)."""
         model = cls(cfg)
         model.load_state_dict(state_dict, strict=True, assign=True)
-        return model.eval().requires_grad_(False)
+        model = model.eval().requires_grad_(False)
+        model.pack(WeightFormat(weight_format), lm_head_candidates)
+        return model
+
+    def pack(self, fmt: WeightFormat, lm_head_candidates: int = 64) -> None:
+        self.weight_format = fmt
+        self.lm_head_candidates = lm_head_candidates
+        if fmt is WeightFormat.FP32:
+            return
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack(fmt)
+        emb = self.embed_tokens.weight
+        if fmt is WeightFormat.BF16:
+            self.lm_head = (emb.to(torch.bfloat16),)
+        else:
+            self.lm_head = q8_0_as_two_q4(emb)
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
@@ -143,10 +181,37 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden):  # (N, C) -> (N, V), through the tied embedding matrix
-        return linear(hidden, self.embed_tokens.weight)
+        emb = self.embed_tokens.weight                                    # (V, C)
+        if self.weight_format is WeightFormat.FP32:
+            return linear(hidden, emb)
+        if self.weight_format is WeightFormat.BF16:
+            approx = F.linear(hidden.to(torch.bfloat16), self.lm_head[0])  # (N, V), rows independent
+        else:
+            hi, lo = self.lm_head
+            approx = linear_q4(hidden, *hi) + linear_q4(hidden, *lo)     # (N, V)
+        logits = approx.float()
+        k = min(self.lm_head_candidates, logits.shape[-1])
+        if k:
+            top = logits.topk(k, dim=-1, sorted=False).indices           # (N, k)
+            exact = (emb[top] * hidden[:, None, :]).sum(-1)              # (N, k), fp32
+            logits.scatter_(-1, top, exact)
+        return logits
 
     @torch.inference_mode()
     def score(self, input_ids: list[int]) -> torch.Tensor:
         """Logits for every position of one sequence, no cache: (T, V)."""
         ids = torch.tensor(input_ids, dtype=torch.long)
         return self.logits(self.forward(ids, torch.arange(len(input_ids))))
+
+
+def q8_0_as_two_q4(weight: torch.Tensor):
+    """An 8-bit matrix (llama.cpp's Q8_0: w = d*q per group of 32, q in -127..127) as two 4-bit
+    ones for the int4 kernel: q = 16*hi + lo with hi in -8..7 and lo in 0..15, so
+    w = 16d*hi + d*lo. SmolLM2's embedding is Q8_0 in the GGUF, and re-quantizing its fp32
+    values finds the same d and q. -> ((packed, scales_zeros) of 16d*hi, of d*lo)."""
+    V, C = weight.shape
+    groups = weight.float().reshape(V, C // 32, 32)
+    d = (groups.abs().amax(-1) / 127).half().float()                    # (V, C/32)
+    q = (groups / d.clamp_min(1e-12)[..., None]).round().clamp(-127, 127).to(torch.int32)
+    hi, lo = (q >> 4).reshape(V, C), (q & 15).reshape(V, C)
+    return (pack_q4_1(hi + 8, 16 * d, -8 * 16 * d), pack_q4_1(lo, d, torch.zeros_like(d)))

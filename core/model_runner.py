@@ -2,19 +2,26 @@
 
 The scheduler says which sequences compute how many tokens; the runner packs those tokens into
 one flat batch (ids, positions, the pool slot of each token's K and V), groups the sequences for
-attention by length, runs the forward pass once, and keeps the logits
+attention by length (a long prefill chunk in causal pieces), runs the forward pass once, and keeps the logits
 only of each sequence whose computed tokens reach its end (a finished prefill or a decode): only
 those sample a token this step. The LM head is 49152 x 576, so skipping the other rows matters.
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .attention import PagedBatch, build_group, min_query_rows, plan_groups
 from .kv_cache import KVCache
 from .model import Transformer
 from .sequence import Sequence
+
+# A prefill chunk attends as pieces of this many queries, each reading the keys up to its own
+# last position only: a causal mask over one (n, n) square wastes half the products, pieces of
+# 64 waste about 1/(2 * pieces) of them. Any split gives the same bits (attention.py pads keys
+# and queries without changing a result), so this is a speed knob only.
+PREFILL_PIECE = 64
 
 
 @dataclass
@@ -35,6 +42,8 @@ class ModelRunner:
         self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
+        """Plain Python and numpy over the scheduled sequences, then one tensor per field: the
+        cost grows with the number of new tokens, never with the length of the contexts."""
         bs = self.block_size
         ids, positions, slots = [], [], []
         entries = []
@@ -42,22 +51,27 @@ class ModelRunner:
         t = 0
         for seq, n in scheduled:
             start = seq.num_computed_tokens
-            pos = torch.arange(start, start + n)
-            table = torch.tensor(seq.block_table, dtype=torch.long)
-            ids.append(torch.tensor(seq.token_ids[start:start + n], dtype=torch.long))
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            entry = (t, n, start, seq.block_table[: -(-(start + n) // bs)])
-            entries.append(entry)
+            table = seq.block_table
+            ids.extend(seq.token_ids[start:start + n])
+            if n == 1:                                         # a decode: one slot
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                pos = np.arange(start, start + n)
+                positions.extend(pos.tolist())
+                slots.extend((np.asarray(table)[pos // bs] * bs + pos % bs).tolist())
+            for off in range(0, n, PREFILL_PIECE):             # causal pieces (see above)
+                m = min(PREFILL_PIECE, n - off)
+                entries.append((t + off, m, start + off, table[: -(-(start + off + m) // bs)]))
             if start + n == seq.num_tokens:
                 sample_rows.append(t + n - 1)
                 sample_seqs.append(seq)
             t += n
         groups = [build_group(g, bs, self.min_rows) for g in plan_groups(entries, bs, self.min_rows)]
         return StepInput(
-            input_ids=torch.cat(ids),
-            positions=torch.cat(positions),
-            batch=PagedBatch(self.cache, torch.cat(slots), groups),
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            batch=PagedBatch(self.cache, torch.tensor(slots, dtype=torch.long), groups),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long),
             sample_seqs=sample_seqs,
         )

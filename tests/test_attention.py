@@ -227,16 +227,18 @@ def assert_bit_identical(results):
         assert torch.equal(results[name], first), f"{name!r} differs from {names[0]!r} by {diff:.3g}"
 
 
-def test_logits_are_bit_identical_in_any_batch_tiny(make_tiny_engine, threads):
-    engine = make_tiny_engine(block_size=4, enable_prefix_caching=False)
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "q4_1"])
+def test_logits_are_bit_identical_in_any_batch_tiny(make_tiny_engine, threads, fmt):
+    engine = make_tiny_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt)
     target = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
     assert len(target) > 10
     assert_bit_identical(invariance_cases(engine, target))
 
 
 @pytest.mark.real_model
-def test_logits_are_bit_identical_in_any_batch_smollm(make_smollm):
-    engine = make_smollm(block_size=4, enable_prefix_caching=False).engine
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "q4_1"])
+def test_logits_are_bit_identical_in_any_batch_smollm(make_smollm, fmt):
+    engine = make_smollm(block_size=4, enable_prefix_caching=False, weight_format=fmt).engine
     target = engine.tokenizer.encode("Paged attention keeps the keys and values of every request in blocks.")
     assert len(target) > 10
     assert_bit_identical(invariance_cases(engine, target))

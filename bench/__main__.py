@@ -1,0 +1,185 @@
+"""python -m bench: our engine against transformers and llama.cpp on this machine, in one run.
+
+    python -m bench              # the full run (~10 minutes on two cores), JSON + table
+    python -m bench --quick      # a short one for iterating (~2 minutes)
+    python -m bench --readme     # ... and write the table into README.md
+
+Every system gets the same token ids, the same number of threads and the same output lengths.
+Systems are interleaved (each round runs every system once per scenario, in a rotated order)
+and rounds repeat, so a burst of load from another process hits them alike; min and median are
+reported, with the machine's load average before and after each measurement. Writes
+bench/results/latest.json and prints the table with ratios to each peer and the issue's targets.
+"""
+
+import os
+
+# libgomp reads its wait policy once, when torch loads it. Its default spins a waiting thread
+# for a while; with more runnable threads than cores (another process busy on the machine) a
+# spinning thread burns the slice its partner needs, and a decode step of ~100 parallel regions
+# slows down tenfold or more. Passive waiting costs little on a quiet machine (see README).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from . import limits, report  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FORMATS = ("fp32", "bf16", "q4_1")
+
+
+def busy() -> None:
+    """A competing CPU-bound process."""
+    x = 0
+    while True:
+        x += 1
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    """Token ids, the same for every system: BOS then a fixed pseudo-random walk."""
+    return [1] + [100 + (seed * 7919 + i * 104729) % 40000 for i in range(length - 1)]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def plan(args) -> list[dict]:
+    """The scenarios: name, the method each system runs, its arguments, which systems, rounds."""
+    n = 32 if args.quick else 128
+    rounds = 1 if args.quick else args.rounds
+    out = 16 if args.quick else 32
+    scenarios = [
+        dict(name="decode_1", kind="decode", args=(prompt(32, 1), n), rounds=rounds, unit="tok/s"),
+        dict(name="prefill_512", kind="prefill", args=(prompt(512, 2),), rounds=rounds, unit="tok/s"),
+    ]
+    if not args.quick:
+        scenarios.append(dict(name="prefill_4096", kind="prefill", args=(prompt(4096, 3),), rounds=1,
+                              unit="tok/s", skip={"ours fp32", "ours q4_1", "transformers fp32"}))
+    scenarios.append(dict(name="decode_1_contended", kind="decode", args=(prompt(32, 4), n), rounds=rounds,
+                          unit="tok/s", only={"ours q4_1", "ours bf16", "llama.cpp Q4_1"}, competitors=1))
+    for batch in ((8, 64) if args.quick else (8, 32, 64)):
+        scenarios.append(dict(name=f"serve_{batch}", kind="serve",
+                              args=([prompt(32, 100 + i) for i in range(batch)], out),
+                              rounds=1 if args.quick else 2, unit="tok/s", skip={"llama.cpp Q4_1"}))
+    return scenarios
+
+
+def load_systems(args, threads: int):
+    from toy_models import load_model
+
+    from . import systems
+
+    found, missing = [], {}
+    loaded = load_model("smollm2-135m")
+    for fmt in args.formats:
+        found.append(systems.Ours(loaded, fmt, threads))
+    for dtype in (torch.float32, torch.bfloat16):
+        found.append(systems.Transformers(dtype))
+    try:
+        found.append(systems.LlamaCpp(threads, n_ctx=4096 + 256))
+    except ImportError:
+        missing["llama.cpp Q4_1"] = "llama-cpp-python is not installed (pip install -e '.[bench]')"
+    return found, missing
+
+
+def run(args) -> dict:
+    threads = args.threads
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    systems, missing = load_systems(args, threads)
+    machine_limits = limits.measure(args.quick)
+    results: dict = {}
+    for rnd in range(max(s["rounds"] for s in plan(args))):
+        for scenario in plan(args):
+            if rnd >= scenario["rounds"]:
+                continue
+            chosen = [s for s in systems if s.name not in scenario.get("skip", ())
+                      and ("only" not in scenario or s.name in scenario["only"])
+                      and hasattr(s, scenario["kind"])]
+            chosen = chosen[rnd % len(chosen):] + chosen[:rnd % len(chosen)]  # rotate the order
+            for system in chosen:
+                rivals = [multiprocessing.Process(target=busy, daemon=True)
+                          for _ in range(scenario.get("competitors", 0))]
+                for p in rivals:
+                    p.start()
+                load = os.getloadavg()[0]
+                try:
+                    value = getattr(system, scenario["kind"])(*scenario["args"])
+                finally:
+                    for p in rivals:
+                        p.kill()
+                        p.join()
+                entry = results.setdefault(scenario["name"], {}).setdefault(system.name, {"runs": [], "load": []})
+                entry["runs"].append(value)
+                entry["load"].append(load)
+                shown = value["output_tok_s"] if isinstance(value, dict) else value
+                print(f"  round {rnd + 1} {scenario['name']:<20} {system.name:<18} {shown:9.1f} tok/s"
+                      f"  (load {load:.2f})", flush=True)
+    for scenario in results.values():
+        for entry in scenario.values():
+            summarize(entry)
+    decode_bytes = {s.name: s.weight_bytes_per_token for s in systems if hasattr(s, "weight_bytes_per_token")}
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads,
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                    "load_before": load_before, "load_after": os.getloadavg()},
+        "quick": args.quick,
+        "duration_s": time.perf_counter() - started,
+        "limits": machine_limits,
+        "weight_bytes_per_token": decode_bytes,
+        "missing": missing,
+        "results": results,
+    }
+
+
+def summarize(entry: dict) -> None:
+    runs = entry["runs"]
+    if isinstance(runs[0], dict):
+        entry["median"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        entry["min"] = {k: min(r[k] for r in runs) for k in runs[0]}
+    else:
+        entry["median"], entry["min"] = statistics.median(runs), min(runs)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs, one round (for iterating)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every system (default 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the full run (default 3)")
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS,
+                        help="our engine's weight formats to run")
+    parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    args = parser.parse_args(argv)
+    data = run(args)
+    data["targets"] = report.targets(data)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1))
+    table = report.markdown(data)
+    print()
+    print(table)
+    print(f"\nwritten: {args.out}")
+    if args.readme:
+        report.write_readme(table)
+
+
+if __name__ == "__main__":
+    main()

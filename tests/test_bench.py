@@ -1,0 +1,108 @@
+"""bench/: the serving metrics, the target ratios, the table and the README section, on results
+made up for the test (the benchmark itself is run by `python -m bench`, never timed in a test)."""
+
+import json
+
+import pytest
+
+from bench import report
+from bench.__main__ import plan, prompt, summarize
+from bench.systems import serving_metrics
+
+
+def test_serving_metrics_follow_vllm():
+    start = 10.0
+    times = [[11.0, 11.5, 12.0], [12.0, 13.0]]     # two requests: 3 and 2 tokens
+    m = serving_metrics(start, times)
+    assert m["output_tok_s"] == pytest.approx(5 / 3.0)
+    assert m["ttft_p50_s"] == pytest.approx(1.5)           # TTFTs 1.0 and 2.0
+    assert m["tpot_p50_s"] == pytest.approx(0.75)          # TPOTs 0.5 and 1.0
+    assert m["ttft_p99_s"] == pytest.approx(1.99)
+
+
+def test_prompts_are_the_same_for_every_system_and_differ_by_seed():
+    assert prompt(512, 2) == prompt(512, 2)
+    assert len(prompt(4096, 3)) == 4096 and prompt(32, 1)[0] == 1
+    assert prompt(32, 1) != prompt(32, 2)
+
+
+def test_plan_quick_and_full():
+    class Args:
+        quick, rounds = True, 3
+    quick = {s["name"] for s in plan(Args)}
+    assert quick == {"decode_1", "prefill_512", "decode_1_contended", "serve_8", "serve_64"}
+    Args.quick = False
+    full = {s["name"]: s for s in plan(Args)}
+    assert {"prefill_4096", "serve_32"} <= set(full)
+    assert full["decode_1"]["args"][1] == 128 and full["decode_1"]["rounds"] == 3
+    assert len(full["serve_64"]["args"][0]) == 64
+
+
+def fake_results():
+    def entry(*runs):
+        e = {"runs": list(runs), "load": [0.5] * len(runs)}
+        summarize(e)
+        return e
+
+    def served(*rates):
+        return entry(*[{"output_tok_s": r, "ttft_p50_s": 0.5, "ttft_p99_s": 0.9,
+                        "tpot_p50_s": 0.1, "tpot_p99_s": 0.2} for r in rates])
+    return {
+        "date": "2026-11-30T15:00:00+00:00", "quick": False,
+        "machine": {"cpu": "Test CPU", "cores": 2, "threads": 2, "torch": "2.13.0",
+                    "load_before": (0.5, 0.5, 0.5), "load_after": (0.7, 0.5, 0.5)},
+        "limits": {"memory_bandwidth_gb_s": 50.0, "matmul_fp32_gflop_s": 150.0, "matmul_bf16_gflop_s": 300.0},
+        "weight_bytes_per_token": {"ours fp32": 538e6, "ours q4_1": 100e6},
+        "missing": {},
+        "results": {
+            "decode_1": {"ours fp32": entry(30, 40, 50), "ours q4_1": entry(100, 120, 110),
+                         "transformers fp32": entry(15, 16, 17), "llama.cpp Q4_1": entry(100, 110, 90)},
+            "decode_1_contended": {"ours q4_1": entry(80, 90)},
+            "prefill_512": {"ours q4_1": entry(900), "transformers bf16": entry(1000)},
+            "serve_64": {"ours q4_1": served(400, 500), "transformers fp32": served(200),
+                         "transformers bf16": served(250)},
+        },
+    }
+
+
+def test_summarize_reports_min_and_median():
+    data = fake_results()
+    assert data["results"]["decode_1"]["ours fp32"]["median"] == 40
+    assert data["results"]["decode_1"]["ours fp32"]["min"] == 30
+    assert data["results"]["serve_64"]["ours q4_1"]["median"]["output_tok_s"] == 450
+
+
+def test_targets_are_ratios_of_medians():
+    data = fake_results()
+    found = {t["target"]: t for t in report.targets(data)}
+    decode = found["decode alone: best format vs llama.cpp Q4_1"]
+    assert decode["measured"] == pytest.approx(110 / 100) and decode["met"] is True
+    assert "ours q4_1" in decode["how"]
+    fp32 = found["decode alone: fp32 vs transformers fp32"]
+    assert fp32["measured"] == pytest.approx(40 / 16) and fp32["met"] is False
+    batch = found["64 concurrent: best format vs transformers' best static batch"]
+    assert batch["measured"] == pytest.approx(450 / 250) and batch["met"] is False
+    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9)
+    assert found["prefill 4096: best format vs transformers bf16"]["measured"] is None
+    share = found["beside a busy process: ours q4_1 keeps its CPU share"]
+    assert share["measured"] == pytest.approx((85 / 110) / (2 / 3))
+    roof = found["decode alone vs the memory-bandwidth limit"]
+    assert roof["measured"] == pytest.approx(110 / (50e9 / 100e6))
+
+
+def test_markdown_table_and_readme_section(tmp_path):
+    data = fake_results()
+    data["targets"] = report.targets(data)
+    table = report.markdown(data)
+    assert "Test CPU" in table and "2026-11-30" in table
+    assert "| decode, one request (tok/s) | 40.0 | 110 | 16.0 | — | 100 |" in table
+    assert "| decode alone: best format vs llama.cpp Q4_1 | 1.10x | 1.0x | yes |" in table
+    json.dumps(data)  # the JSON the benchmark writes
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
+    report.write_readme(table, readme)
+    text = readme.read_text()
+    assert "old" not in text and table in text and text.endswith("after\n")
+    readme.write_text("no markers")
+    with pytest.raises(ValueError):
+        report.write_readme(table, readme)

@@ -1,0 +1,94 @@
+"""gemm.py: every weight format computes x W^T, and a row's result never depends on the batch
+(bit for bit, one and two threads); the Q4_1 and Q8_0 packings stand for the same weights."""
+
+import pytest
+import torch
+
+from core.config import WeightFormat
+from core.gemm import (PackedLinear, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows, quantize_q4_1)
+from core.model import q8_0_as_two_q4
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def test_pad_rows_appends_zero_rows_to_whole_panels():
+    x = torch.ones(5, 3)
+    assert pad_rows(x, 4).shape == (8, 3) and torch.equal(pad_rows(x, 4)[5:], torch.zeros(3, 3))
+    assert pad_rows(x[:4], 4) is not None and pad_rows(x[:4], 4).shape == (4, 3)
+    assert pad_rows(x[:1], 2).shape == (2, 3)
+
+
+@pytest.mark.parametrize("fmt", list(WeightFormat))
+def test_every_format_computes_x_wt(fmt):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g) / 8
+    x = torch.randn(7, 64, generator=g)
+    layer = PackedLinear(fmt, w)
+    y = layer(x)
+    assert y.shape == (7, 96)
+    ref = x @ w.T
+    tol = {WeightFormat.FP32: 1e-5, WeightFormat.BF16: 0.05, WeightFormat.Q4_1: 0.25}[WeightFormat(fmt)]
+    assert (y.float() - ref).abs().max().item() < tol * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("fmt", list(WeightFormat))
+@pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576)])
+def test_rows_are_batch_invariant_in_every_format(threads, fmt, shape):
+    cols, out = shape
+    g = torch.Generator().manual_seed(1)
+    layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5)
+    x = torch.randn(70, cols, generator=g)
+    full = layer(x)
+    for n in range(1, 70):
+        assert torch.equal(layer(x[:n]), full[:n]), f"{n} rows"
+        assert torch.equal(layer(x[n - 1:n].clone())[0], full[n - 1]), f"row {n - 1} alone"
+
+
+def test_q4_1_round_trips_its_own_dequantized_weights():
+    """Re-quantizing a Q4_1 matrix finds the same blocks: the engine packs the GGUF file's own
+    4-bit weights from their fp32 form (checked on SmolLM2 in test_parity.py)."""
+    g = torch.Generator().manual_seed(2)
+    q, d, m = quantize_q4_1(torch.randn(40, 128, generator=g))
+    w = dequantize_q4_1(q, d, m)
+    q2, d2, m2 = quantize_q4_1(w)
+    assert torch.equal(q2, q) and torch.equal(d2, d) and torch.equal(m2, m)
+    assert int(q.max()) == 15 and int(q.min()) == 0
+
+
+def test_q4_1_refuses_rows_that_are_not_whole_groups():
+    from core.errors import InvalidParameter
+    with pytest.raises(InvalidParameter) as err:
+        PackedLinear("q4_1", torch.ones(8, 40))
+    assert err.value.param == "weight_format"
+
+
+def test_packed_q4_1_multiplies_by_the_dequantized_weights():
+    g = torch.Generator().manual_seed(3)
+    q, d, m = quantize_q4_1(torch.randn(64, 96, generator=g))
+    x = torch.randn(5, 96, generator=g).to(torch.bfloat16)
+    # the kernel's scale and zero are bfloat16: compare with the weights they stand for
+    packed, sz = pack_q4_1(q, d, m)
+    scale, zero = sz[..., 0].float().t(), sz[..., 1].float().t()          # (out, in/32)
+    w = (q.float() - 8) * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
+    y = linear_q4(x, packed, sz).float()
+    ref = x.float() @ w.T
+    assert (y - ref).abs().max().item() <= 2 ** -7 * ref.abs().max().item()   # bf16 output rounding
+    assert (w - dequantize_q4_1(q, d, m)).abs().max().item() < 0.02 * float(d.max()) * 16
+
+
+def test_q8_0_as_two_q4_products():
+    g = torch.Generator().manual_seed(4)
+    emb = torch.randn(256, 64, generator=g)
+    hi, lo = q8_0_as_two_q4(emb)
+    x = torch.randn(3, 64, generator=g)
+    y = (linear_q4(x, *hi) + linear_q4(x, *lo)).float()
+    ref = x @ emb.T
+    assert (y - ref).abs().max().item() < 0.03 * ref.abs().max().item()
+    one = (linear_q4(x[1:2], *hi) + linear_q4(x[1:2], *lo)).float()
+    assert torch.equal(one[0], y[1])
