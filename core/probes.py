@@ -68,7 +68,7 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
     x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))            # (T, C)
     for i, block in enumerate(model.layers):
         attn, keep = block.attn, attention is True or bool(attention and i in attention)
-        qkv = torch.cat([attn.qkv_proj(h) for h in block.attn_norm(x).split(ROWS)])  # (T, (H+2Hkv)D)
+        qkv = torch.cat([attn.qkv_proj(h).float() for h in block.attn_norm(x).split(ROWS)])  # (T, (H+2Hkv)D)
         q_raw, k_raw, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
         q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
@@ -86,12 +86,12 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
             if keep:
                 weights[:, start:end, :end] = w[0]
             yield None
-        a = torch.cat([attn.o_proj(r) for r in y.reshape(T, H * D).split(ROWS)])  # (T, C)
+        a = torch.cat([attn.o_proj(r).float() for r in y.reshape(T, H * D).split(ROWS)])  # (T, C)
         x = x + a
         yield None
         parts = []
         for h in block.mlp_norm(x).split(ROWS):
-            parts.append(block.mlp(h))                                       # (rows, C)
+            parts.append(block.mlp(h).float())                               # (rows, C)
             if len(parts) * ROWS < T:
                 yield None
         m = torch.cat(parts)                                                 # (T, C)
