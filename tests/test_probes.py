@@ -83,3 +83,16 @@ def test_slices_pause_between_pieces_of_work(tiny_model, ids, monkeypatch):
     whole = probes.run(tiny_model, ids, attention={0})
     assert torch.allclose(records[-1].residual, whole[-1].residual, rtol=1e-5)
     assert torch.allclose(records[0].attention, whole[0].attention, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["bf16"])
+def test_probes_follow_the_forward_in_other_weight_formats(tiny_loaded, ids, fmt):
+    model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict, fmt)
+    records = probes.run(model, ids, attention={0})
+    x = model.embed_tokens(torch.tensor(ids))
+    with torch.inference_mode():
+        for block in model.layers:
+            x = block(x, torch.arange(len(ids)), model.rotary)
+    assert records[-1].residual.dtype == torch.float32
+    assert torch.allclose(records[-1].residual, x.float().norm(dim=-1), rtol=1e-3)
+    assert torch.allclose(records[0].attention.sum(-1), torch.ones(tiny_loaded.config.num_heads, len(ids)), atol=1e-5)
