@@ -1,7 +1,7 @@
 """python -m bench: our engine against transformers and llama.cpp on this machine, in one run.
 
     python -m bench              # the full run (~10 minutes on two cores), JSON + table
-    python -m bench --quick      # a short one for iterating (~2 minutes)
+    python -m bench --quick      # a short one for iterating (a few minutes)
     python -m bench --readme     # ... and write the table into README.md
 
 Every system gets the same token ids, the same number of threads and the same output lengths.
