@@ -52,16 +52,18 @@ def summarize(kv: dict, tables: list[dict], pool: dict, window: int, mine: froze
     cached = set(pool["cached_block_ids"])
     held = sorted({b for t in tables for b in t["blocks"]})     # physical blocks in some table
     shared = [b for b in held if refs[b] > 1]
-    tokens = sum(t["num_tokens"] for t in tables)
+    # Between steps a running request's newest token is sampled but not yet computed: its key and
+    # value are written by the next step. The slots count the tokens whose K and V are in the pool.
+    tokens = sum(t["num_computed_tokens"] for t in tables)
     reserved = len(tables) * window                             # max-length buffers, one each
     # Shared blocks are full (only full blocks are published), so every empty slot lies in a
     # request's own last block.
-    empty = sum(len(t["blocks"]) * bs - t["num_tokens"] for t in tables)
+    empty = sum(len(t["blocks"]) * bs - t["num_computed_tokens"] for t in tables)
     requests = [{
         "request_id": t["request_id"], "yours": t["request_id"] in mine, "num_tokens": t["num_tokens"],
         "num_computed_tokens": t["num_computed_tokens"], "num_cached_tokens": t["num_cached_tokens"],
         "blocks": t["blocks"], "ref_counts": t["ref_counts"],
-        "empty_slots": len(t["blocks"]) * bs - t["num_tokens"],
+        "empty_slots": len(t["blocks"]) * bs - t["num_computed_tokens"],
     } for t in tables]
     return {
         "total_blocks": kv["total_blocks"], "free_blocks": kv["free_blocks"], "used_blocks": kv["used_blocks"],

@@ -81,7 +81,7 @@ export function mount(root, ctx) {
     tables.replaceChildren(...s.requests.map((r, i) => el("div", { class: `pg-req${r.yours ? " is-yours" : ""}` }, [
       el("p", { class: "pg-req-head" }, [
         el("span", { class: "pg-swatch", style: { background: COLORS[i % COLORS.length] } }),
-        `request ${r.request_id}${r.yours ? " (yours)" : ""}: ${fmtNum(r.num_tokens)} tokens in ${r.blocks.length} block${r.blocks.length === 1 ? "" : "s"}`
+        `request ${r.request_id}${r.yours ? " (yours)" : ""}: ${fmtNum(r.num_computed_tokens)} tokens' keys and values in ${r.blocks.length} block${r.blocks.length === 1 ? "" : "s"}`
           + (r.num_cached_tokens ? `, ${fmtNum(r.num_cached_tokens)} from the prefix cache` : "")
           + `, ${r.empty_slots} empty slot${r.empty_slots === 1 ? "" : "s"}`,
       ]),
