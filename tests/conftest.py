@@ -282,6 +282,22 @@ def figure_value(page, key: str, root: str = "") -> float:
     return float(page.get_attribute(f'{root} [data-figure="{key}"]'.strip(), "data-value"))
 
 
+def on_a_phone(pg, name: str, query: str, artifacts_dir, ready_timeout: float = 90_000) -> str:
+    """The walkthrough at 390 px wide with `name`'s options in the URL (/?<name>.<option>=...):
+    the widget scrolled into view and ready, a screenshot of it, no sideways scrolling. Returns
+    the text of its "Embed this widget" snippet, which must carry the reader's settings."""
+    page = pg.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    pg.goto(f"/{query}#{name}")
+    root = f'[data-widget="{name}"]'
+    page.locator(root).scroll_into_view_if_needed()
+    wait_ready(page, root, ready_timeout)
+    page.locator(root).screenshot(path=str(artifacts_dir / f"{name}-phone-390.png"))
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the walkthrough scrolls sideways by {overflow}px on a phone"
+    return page.locator(f'.widget-frame:has({root}) .snippet').text_content()
+
+
 def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: float = 90_000) -> None:
     """Screenshots a person looks at: the widget at 1280x800 on its embed page, and in a 600x450
     iframe on a page of another site (about:blank here). Both must reach ready, cleanly."""
@@ -405,6 +421,16 @@ class WS:
         mid = self.next_id()
         self.send({"type": kind, "id": mid, **fields})
         return self.recv_for(mid)
+
+    def job(self, kind, timeout: float = 120, **fields) -> dict:
+        """A job's final reply, past its progress messages (each checked on the way)."""
+        mid = self.next_id()
+        self.send({"type": kind, "id": mid, **fields})
+        while True:
+            m = self.recv_for(mid, timeout=timeout)
+            if m["type"] != "progress":
+                return m
+            assert 0 <= m["done"] <= m["total"] and m["note"]
 
     def error(self, msg, mid=None) -> dict:
         """Send a message that must be refused; return the error."""

@@ -27,17 +27,6 @@ def full(rows):
     return m
 
 
-def job(ws, kind, **fields) -> dict:
-    """A job's reply, past its progress messages (long ones report progress)."""
-    mid = ws.next_id()
-    ws.send({"type": kind, "id": mid, **fields})
-    while True:
-        m = ws.recv_for(mid, timeout=120)
-        if m["type"] != "progress":
-            return m
-        assert 0 <= m["done"] <= m["total"] and m["note"]
-
-
 def causal_softmax(H, T, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(H, T, T, generator=g) * 3
@@ -153,7 +142,7 @@ def test_the_layer_is_computed_once_for_every_head(ws, live_server):
 def test_head_all_matches_transformers_eager_attentions(real_ws, hf_reference):
     model, tokenizer = hf_reference
     layer = 5
-    reply = job(real_ws, "attention", text=SHORT, layer=layer, head="all")
+    reply = real_ws.job("attention", text=SHORT, layer=layer, head="all")
     assert reply["type"] == "attention", reply
     ids = tokenizer.encode(SHORT, add_special_tokens=False)
     assert [t["id"] for t in reply["tokens"]] == ids
@@ -177,7 +166,7 @@ def test_head_all_matches_transformers_eager_attentions(real_ws, hf_reference):
 @pytest.mark.parametrize("head,bin_size", [("all", 9), (0, 3)])
 def test_a_1000_token_reply_is_bounded_and_its_rows_sum_to_one(real_ws, head, bin_size):
     text = " ".join([LONG_SENTENCE] * 50)                 # 1,000 tokens
-    reply = job(real_ws, "attention", text=text, layer=0, head=head)
+    reply = real_ws.job("attention", text=text, layer=0, head=head)
     assert reply["type"] == "attention", reply
     tokens = reply["num_tokens"]
     assert tokens == 1000
@@ -192,7 +181,7 @@ def test_a_1000_token_reply_is_bounded_and_its_rows_sum_to_one(real_ws, head, bi
         assert (m.sum(-1) - 1).abs().max() < 5e-4   # each of the n numbers is rounded to 6 decimals
         assert torch.all(m.triu(diagonal=1) == 0)
     # the exact row of the last token, from the weights the job kept
-    row = job(real_ws, "attention_row", text=text, layer=0, head=0, query=tokens - 1)
+    row = real_ws.job("attention_row", text=text, layer=0, head=0, query=tokens - 1)
     assert len(row["weights"][0]) == tokens and sum(row["weights"][0]) == pytest.approx(1.0, abs=1e-3)
 
 
@@ -210,7 +199,7 @@ def test_page_takes_options_from_the_url_and_shows_real_figures(pg, artifacts_di
     assert page.input_value(f'{ATTN} select[name="layer"]') == "4"
     assert page.input_value(f'{ATTN} select[name="head"]') == "7"
     assert page.input_value(f'{ATTN} input[name="query"]') == "5"
-    reply = job(real_ws, "attention", text=SHORT, layer=4, head=7)
+    reply = real_ws.job("attention", text=SHORT, layer=4, head=7)
     assert figure_value(page, "num_tokens") == reply["num_tokens"]
     assert figure_value(page, "bin_size") == 1
     assert figure_value(page, "kv_head") == 2                     # head 7 reads KV head 7 // 3
@@ -271,7 +260,7 @@ def test_a_1000_token_text_stays_usable(pg, artifacts_dir, real_ws):
     page.dispatch_event(f'{ATTN} input[name="query"]', "change")
     page.wait_for_function(f"""() => document.querySelector('{ATTN} .attn-row-title').textContent.startsWith('Token #500 ')""",
                            timeout=60_000)
-    row = job(real_ws, "attention_row", text=text, layer=1, head=2, query=500)["weights"][0]
+    row = real_ws.job("attention_row", text=text, layer=1, head=2, query=500)["weights"][0]
     assert figure_value(page, "max_weight") == pytest.approx(max(row), abs=1e-6)
     page.screenshot(path=str(artifacts_dir / "attention-1000-tokens-1280.png"))
     pg.assert_clean()

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 BLOCK = '[data-widget="block"]'
 TEXT = "The old lighthouse keeper climbed the stairs every night to light the lamp."
@@ -137,16 +137,8 @@ def test_block_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_block_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
-    page = pg.page
-    page.set_viewport_size({"width": 390, "height": 844})
-    pg.goto("/?block.token=2#block")
-    page.locator(BLOCK).scroll_into_view_if_needed()
-    wait_ready(page, BLOCK, 90_000)
-    page.locator(BLOCK).screenshot(path=str(artifacts_dir / "block-phone-390.png"))
-    snippet = page.locator('.widget-frame:has([data-widget="block"]) .snippet').text_content()
+    snippet = on_a_phone(pg, "block", "?block.token=2", artifacts_dir)
     assert "/embed/block?" in snippet and "token=2" in snippet
-    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, overflow
     pg.assert_clean()
 
 

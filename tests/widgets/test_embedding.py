@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 EMB = '[data-widget="embedding"]'
 
@@ -114,15 +114,9 @@ def test_embedding_page_from_the_url_and_a_click_on_a_neighbour(pg, artifacts_di
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_embedding_by_id_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
-    page = pg.page
-    page.set_viewport_size({"width": 390, "height": 844})
-    pg.goto("/?embedding.token_id=504&embedding.k=5#embedding")
-    page.locator(EMB).scroll_into_view_if_needed()
-    wait_ready(page, EMB)
-    assert figure_value(page, "token_id") == 504
-    page.locator("#embedding").screenshot(path=str(artifacts_dir / "embedding-walkthrough-390.png"))
-    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0
+    snippet = on_a_phone(pg, "embedding", "?embedding.token_id=504&embedding.k=5", artifacts_dir)
+    assert figure_value(pg.page, "token_id") == 504
+    assert "token_id=504" in snippet
     pg.assert_clean()
 
 

@@ -7,20 +7,10 @@ own step records must be the triangle N P + N (N - 1) / 2 without the cache and 
 import pytest
 import torch
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 KV = '[data-widget="kv-cache"]'
 PROMPT = "The capital of France is"
-
-
-def job(ws, kind, **fields) -> dict:
-    """A job's final reply (progress messages, which carry the same id, are skipped)."""
-    mid = ws.next_id()
-    ws.send({"type": kind, "id": mid, **fields})
-    while True:
-        m = ws.recv_for(mid, timeout=120)
-        if m["type"] != "progress":
-            return m
 
 
 def triangle(P: int, N: int) -> int:
@@ -65,7 +55,7 @@ def test_kv_cache_refuses_bad_input_naming_the_field(ws):
         assert err["param"] == param, (fields, err)
         assert param in err["message"]
     # the connection is still usable
-    r = job(ws, "kv_cache", text=PROMPT, max_tokens=2)
+    r = ws.job("kv_cache", text=PROMPT, max_tokens=2)
     assert r["type"] == "kv_cache", r
 
 
@@ -86,7 +76,7 @@ def test_a_prompt_over_the_comparisons_bound_names_text(tiny_loaded):
 def test_with_and_without_the_cache_give_the_same_tokens_tiny(ws):
     P = len(ws.call("tokenize", text=PROMPT)["tokens"])
     N = 12
-    r = job(ws, "kv_cache", text=PROMPT, max_tokens=N)
+    r = ws.job("kv_cache", text=PROMPT, max_tokens=N)
     assert r["type"] == "kv_cache", r
     assert len(r["with_cache"]["token_ids"]) == N
     assert r["with_cache"]["token_ids"] == r["without_cache"]["token_ids"] and r["same"] is True
@@ -99,7 +89,7 @@ def test_with_and_without_the_cache_give_the_same_tokens_tiny(ws):
 def test_with_and_without_the_cache_give_transformers_greedy_tokens(real_ws, hf_reference):
     hf_model, hf_tok = hf_reference
     N = 8
-    r = job(real_ws, "kv_cache", text=PROMPT, max_tokens=N)
+    r = real_ws.job("kv_cache", text=PROMPT, max_tokens=N)
     assert r["type"] == "kv_cache", r
     ids = [t["id"] for t in r["prompt"]]
     assert ids == hf_tok(PROMPT, add_special_tokens=False)["input_ids"]
@@ -123,7 +113,7 @@ def test_kv_cache_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
     wait_ready(page, KV, 180_000)
     assert page.input_value(f'{KV} input[name="text"]') == "Water boils at"
     assert page.input_value(f'{KV} input[name="max_tokens"]') == "6"
-    r = job(real_ws, "kv_cache", text="Water boils at", max_tokens=6)     # the page's job, from the cache
+    r = real_ws.job("kv_cache", text="Water boils at", max_tokens=6)     # the page's job, from the cache
     P = r["prompt_tokens"]
     assert figure_value(page, "tokens_computed_without_cache") == triangle(P, 6)
     assert figure_value(page, "tokens_computed_with_cache") == P + 6 - 1
@@ -139,16 +129,8 @@ def test_kv_cache_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_kv_cache_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
-    page = pg.page
-    page.set_viewport_size({"width": 390, "height": 844})
-    pg.goto("/?kv-cache.max_tokens=5#kv-cache")
-    page.locator(KV).scroll_into_view_if_needed()
-    wait_ready(page, KV, 180_000)
-    page.locator(KV).screenshot(path=str(artifacts_dir / "kv-cache-phone-390.png"))
-    snippet = page.locator('.widget-frame:has([data-widget="kv-cache"]) .snippet').text_content()
+    snippet = on_a_phone(pg, "kv-cache", "?kv-cache.max_tokens=5", artifacts_dir, 180_000)
     assert "/embed/kv-cache?" in snippet and "max_tokens=5" in snippet
-    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, overflow
     pg.assert_clean()
 
 

@@ -7,20 +7,9 @@ roofline figures follow from the measured ones and from the model's real paramet
 
 import pytest
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 PH = '[data-widget="phases"]'
-
-
-def job(ws, kind, **fields) -> dict:
-    """A job's final reply (progress messages, which carry the same id, are skipped)."""
-    mid = ws.next_id()
-    ws.send({"type": kind, "id": mid, **fields})
-    while True:
-        m = ws.recv_for(mid, timeout=120)
-        if m["type"] != "progress":
-            return m
-        assert 0 <= m["done"] <= m["total"] and m["note"]
 
 
 def test_phases_registers_one_job():
@@ -46,7 +35,7 @@ def test_phases_refuses_bad_input_naming_the_field(ws):
         assert err["param"] == param, (fields, err)
         assert param in err["message"]
     # the connection is still usable
-    r = job(ws, "phases", max_prompt=32, decode_tokens=2)
+    r = ws.job("phases", max_prompt=32, decode_tokens=2)
     assert r["type"] == "phases", r
 
 
@@ -81,7 +70,7 @@ def check_structure(r, max_prompt: int, decode_tokens: int) -> None:
 
 
 def test_phases_measures_each_prompt_and_each_decode_step(ws):
-    r = job(ws, "phases", max_prompt=32, decode_tokens=3)
+    r = ws.job("phases", max_prompt=32, decode_tokens=3)
     assert r["type"] == "phases", r
     assert (r["max_prompt"], r["decode_tokens"], r["run"]) == (32, 3, 0)
     check_structure(r, 32, 3)
@@ -89,9 +78,9 @@ def test_phases_measures_each_prompt_and_each_decode_step(ws):
     assert r["weight_bytes"] == 4 * r["num_params"]                       # float32 weights
     assert r["flops_per_token"] == 2 * (r["num_params"] - cfg["vocab_size"] * cfg["hidden_size"])
     # cached by its inputs: the same answer, not a second measurement; a new run measures again
-    cached = job(ws, "phases", max_prompt=32, decode_tokens=3)
+    cached = ws.job("phases", max_prompt=32, decode_tokens=3)
     assert {k: v for k, v in cached.items() if k != "id"} == {k: v for k, v in r.items() if k != "id"}
-    again = job(ws, "phases", max_prompt=32, decode_tokens=3, run=1)
+    again = ws.job("phases", max_prompt=32, decode_tokens=3, run=1)
     assert again["run"] == 1
     check_structure(again, 32, 3)
 
@@ -124,7 +113,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
 @pytest.mark.real_model
 def test_phases_on_the_real_model(real_ws, hf_reference):
     hf_model, _ = hf_reference
-    r = job(real_ws, "phases", max_prompt=256, decode_tokens=4)
+    r = real_ws.job("phases", max_prompt=256, decode_tokens=4)
     assert r["type"] == "phases", r
     check_structure(r, 256, 4)
     # the weights counted are the model's real parameters: transformers' count from the same GGUF
@@ -147,7 +136,7 @@ def test_phases_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
     assert page.input_value(f'{PH} select[name="max_prompt"]') == "64"
     assert page.input_value(f'{PH} input[name="decode_tokens"]') == "4"
     assert page.input_value(f'{PH} input[name="question"]') == "What is two plus two?"
-    r = job(real_ws, "phases", max_prompt=64, decode_tokens=4)           # the page's job, from the cache
+    r = real_ws.job("phases", max_prompt=64, decode_tokens=4)           # the page's job, from the cache
     for key in ("prefill_tokens_per_s", "decode_step_ms", "memory_bandwidth_gb_s", "matmul_gflop_s",
                 "decode_floor_ms", "prefill_ceiling_tokens_per_s"):
         assert figure_value(page, key) == pytest.approx(r[key], rel=1e-9), key
@@ -167,16 +156,8 @@ def test_phases_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_phases_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
-    page = pg.page
-    page.set_viewport_size({"width": 390, "height": 844})
-    pg.goto("/?phases.max_prompt=32&phases.decode_tokens=3#phases")
-    page.locator(PH).scroll_into_view_if_needed()
-    wait_ready(page, PH, 180_000)
-    page.locator(PH).screenshot(path=str(artifacts_dir / "phases-phone-390.png"))
-    snippet = page.locator('.widget-frame:has([data-widget="phases"]) .snippet').text_content()
+    snippet = on_a_phone(pg, "phases", "?phases.max_prompt=32&phases.decode_tokens=3", artifacts_dir, 180_000)
     assert "/embed/phases?" in snippet and "max_prompt=32" in snippet and "decode_tokens=3" in snippet
-    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, overflow
     pg.assert_clean()
 
 

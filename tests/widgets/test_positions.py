@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 POS = '[data-widget="positions"]'
 TEXT = "The cat sat on the mat because it was tired after the long walk."
@@ -176,16 +176,8 @@ def test_positions_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_positions_on_the_walkthrough_carries_settings_into_the_snippet(pg, artifacts_dir):
-    page = pg.page
-    page.set_viewport_size({"width": 390, "height": 844})
-    pg.goto("/?positions.layer=1&positions.head=2#positions")
-    page.locator(POS).scroll_into_view_if_needed()
-    wait_ready(page, POS, 90_000)
-    page.locator(POS).screenshot(path=str(artifacts_dir / "positions-phone-390.png"))
-    snippet = page.locator('.widget-frame:has([data-widget="positions"]) .snippet').text_content()
+    snippet = on_a_phone(pg, "positions", "?positions.layer=1&positions.head=2", artifacts_dir)
     assert "/embed/positions?" in snippet and "layer=1" in snippet and "head=2" in snippet
-    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, overflow
     pg.assert_clean()
 
 

@@ -4,7 +4,7 @@ from urllib.parse import quote
 
 import pytest
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 TOK = '[data-widget="tokenizer"]'
 
@@ -127,13 +127,7 @@ def test_tokenizer_page_shows_real_chips_from_the_url(pg, artifacts_dir, hf_refe
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_tokenizer_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
-    page = pg.page
-    page.set_viewport_size({"width": 390, "height": 844})
-    pg.goto("/?tokenizer.text=Tokens+are+not+words.#tokenizer")
-    page.locator(TOK).scroll_into_view_if_needed()
-    wait_ready(page, TOK)
-    assert figure_value(page, "num_words") == 4
-    page.locator("#tokenizer").screenshot(path=str(artifacts_dir / "tokenizer-walkthrough-390.png"))
-    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0
+    snippet = on_a_phone(pg, "tokenizer", "?tokenizer.text=Tokens+are+not+words.", artifacts_dir)
+    assert figure_value(pg.page, "num_words") == 4
+    assert "text=Tokens" in snippet
     pg.assert_clean()
