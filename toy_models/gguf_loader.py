@@ -10,6 +10,7 @@ The first load converts once into a cache directory (safetensors + a saved token
 loads map that file in well under a second.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -97,8 +98,13 @@ def read_weights(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def source_stamp(path: Path) -> dict:
-    st = path.stat()
-    return {"file": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "format": FORMAT_VERSION}
+    """What the converted cache was made from: the GGUF's name, size and SHA-256 (its content, not
+    its place: two checkouts with their own virtual environments share one cache) and our format."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"file": path.name, "size": path.stat().st_size, "sha256": digest.hexdigest(), "format": FORMAT_VERSION}
 
 
 def convert(gguf_path: Path, out_dir: Path, name: str) -> None:
