@@ -120,6 +120,9 @@ def scenario_result(exp, seqs, long, arrival: float, first_step: int, step_budge
               "prefill_tokens": st.num_prefill_tokens, "decode_tokens": st.num_decode_tokens}
              for st in exp.trace if st.step >= first_step]
     return {"chunked": chunked, "step_budget": step_budget, "decoders": decoders, "steps": steps,
+            "decoder_prompts": [s.token_ids[:s.num_prompt_tokens] for s in seqs],
+            "decoder_tokens": [s.output_token_ids for s in seqs],       # greedy: the same in both runs
+            "long_first_token": long.output_token_ids[0],
             "max_itl_ms": max(g["itl_ms"] for d in decoders for g in d),
             "max_prefill_tokens_in_a_step": max(st["prefill_tokens"] for st in steps),
             "prefill_steps": sum(1 for st in steps if st["prefill_tokens"] > 0),
