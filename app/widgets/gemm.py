@@ -12,9 +12,9 @@ plus the activations). The knee is the row count where the intensity reaches the
 
 The products run through core/gemm.py's PackedLinear (the engine's own kernels: fp32 and bf16),
 on weights of each layer's shape (values do not change the time). The job times one shape at one
-row count per slice (a warm-up call, then the best of REPEATS), then measures the machine: memory
+row count per slice (a warm-up call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory
 read bandwidth and matmul peak in the format's dtype, best of TRIES, one try per slice. The
-largest slice is the LM head at 256 rows (about 0.2 s in fp32 on two threads).
+largest slice is the LM head at 256 rows: one call, about 0.2 s in fp32 on two threads.
 
 Message: `gemm` {format, max_rows, run} -> a job (cached by its inputs; `run` is the reader's
 "measure again" counter). The reply carries the machine, its threads and the time it ran.
@@ -94,10 +94,16 @@ def gemm_job(engine, format: str, max_rows: int, run: int):
 
 
 def time_product(weight: PackedLinear, rows: int, k: int) -> float:
-    """Best time of weight(x) for x (rows, K): a warm-up call, then up to REPEATS timed calls."""
+    """Best time of weight(x) for x (rows, K). The first call is a warm-up, unless it alone took
+    more than SLICE_S (then it is the measurement: the slice is already long); then up to REPEATS
+    timed calls, stopping once the slice has run SLICE_S."""
     x = torch.randn(rows, k)                     # (R, K) fp32 activations, as the engine's
+    start = time.perf_counter()
     weight(x)
-    best, start = float("inf"), time.perf_counter()
+    best = time.perf_counter() - start
+    if best > SLICE_S:
+        return best
+    best = float("inf")
     for _ in range(REPEATS):
         t0 = time.perf_counter()
         weight(x)

@@ -63,14 +63,15 @@ export function mount(root, ctx) {
     return null;
   }
 
-  // The decoders' gaps, one point per step (every decoder gets its token in the same step, so the
-  // line follows the first decoder; the hover names the worst of them).
+  // The decoders' gaps, one point per token at the time it came (every decoder gets its token in
+  // the same step, so x follows the first decoder and y is the worst of them); the line holds each
+  // gap's value over the interval it spans ("vh"), so a stall reads as a plateau.
   function series(run, mode) {
     const first = run.decoders[0];
     const worst = first.map((_, i) => Math.max(...run.decoders.map((d) => d[i]?.itl_ms ?? 0)));
     return {
       type: "scatter", mode: "lines+markers", name: mode === "chunked" ? `chunked (budget ${run.step_budget})` : "one piece",
-      x: first.map((g) => g.t_ms), y: worst, line: { color: COLORS[mode], width: 2 }, marker: { size: 6, color: COLORS[mode] },
+      x: first.map((g) => g.t_ms), y: worst, line: { color: COLORS[mode], width: 2, shape: "vh" }, marker: { size: 6, color: COLORS[mode] },
       hovertemplate: `${mode}: token at %{x:.0f} ms, gap %{y:.1f} ms<extra></extra>`,
     };
   }

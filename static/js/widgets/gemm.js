@@ -55,7 +55,7 @@ export function mount(root, ctx) {
         type: "scatter", mode: "lines+markers", name: `${s.name} ${s.k}→${s.n}`, x: pts.map((p) => p.rows), y: pts.map((p) => p.us_per_row),
         line: { color: COLORS[i % COLORS.length], width: 2 }, marker: { size: 6 },
         customdata: pts.map((p) => [p.ms, p.rows_per_s]),
-        hovertemplate: `${s.name}: %{x} rows, %{customdata[0]:.3f} ms a call, %{y:.1f} µs a row<extra></extra>`,
+        hovertemplate: `${s.name}: %{x} rows, %{customdata[0]:.3f} ms a call, %{y:.1f} µs a row, %{customdata[1]:,.0f} rows/s<extra></extra>`,
       };
     });
     return plot(rowChart, data, {
