@@ -24,7 +24,6 @@ step, by design: that step is the stall being shown, so prompt_tokens is capped 
 
 from core.errors import InvalidParameter
 from core.sampling_params import SamplingParams
-from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, integer, message
