@@ -7,8 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import (attention, block, chat, embedding, generation, kv_cache, kv_memory, paging, phases, positions,
-               prefix_cache, tokenizer)
+from . import (attention, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache, kv_memory, paging, phases,
+               positions, prefix_cache, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -22,6 +22,8 @@ WIDGETS = [
     kv_cache.WIDGET,
     kv_memory.WIDGET,
     paging.WIDGET,
+    gemm.WIDGET,
+    chunked_prefill.WIDGET,
     prefix_cache.WIDGET,
 ]
 
