@@ -7,8 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import (attention, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache, kv_memory, paging, phases,
-               positions, prefix_cache, tokenizer)
+from . import (attention, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache, kv_memory,
+               paging, phases, positions, prefix_cache, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
