@@ -7,8 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import (attention, block, chat, embedding, generation, kv_cache, kv_memory, paging, phases, positions,
-               prefix_cache, tokenizer)
+from . import (attention, batching, block, chat, embedding, generation, kv_cache, kv_memory, paging, phases,
+               positions, prefix_cache, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -22,6 +22,7 @@ WIDGETS = [
     kv_cache.WIDGET,
     kv_memory.WIDGET,
     paging.WIDGET,
+    batching.WIDGET,
     prefix_cache.WIDGET,
 ]
 
