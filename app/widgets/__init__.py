@@ -8,7 +8,7 @@ this list.
 """
 
 from . import (attention, batching, block, chat, embedding, generation, kv_cache, kv_memory, paging, phases,
-               positions, prefix_cache, tokenizer)
+               positions, prefix_cache, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -22,6 +22,7 @@ WIDGETS = [
     kv_cache.WIDGET,
     kv_memory.WIDGET,
     paging.WIDGET,
+    throughput_latency.WIDGET,
     batching.WIDGET,
     prefix_cache.WIDGET,
 ]
