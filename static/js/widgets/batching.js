@@ -56,7 +56,7 @@ export function mount(root, ctx) {
   for (const mode of ["static", "continuous"]) {
     const steps = stat("Steps", { key: KEYS[mode].steps, note: "engine iterations" });
     const idle = stat("Idle slots", { key: KEYS[mode].idle, note: "slot-steps with no work" });
-    const total = stat("Total time", { key: KEYS[mode].total, note: "sum of step times", badge: "measured" });
+    const total = stat("Total time", { key: KEYS[mode].total, note: "sum of step times" });
     const grid = el("div", { class: "bt-grid", "aria-label": `${mode} batching: steps by slots` });
     const done = el("ol", { class: "bt-done" });
     sides[mode] = { steps, idle, total, grid, done };
