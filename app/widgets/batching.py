@@ -12,7 +12,8 @@ Message: `batching` {requests, slots, run} -> a job. `requests` is the workload:
 outputs up to MAX_OUTPUT tokens). Prompts are the first tokens of a fixed passage, each request
 starting a few tokens further in; decoding is greedy and ignores the end-of-text token, so each
 request produces exactly its output length and both engines must produce the same tokens.
-One engine step per slice. Steps and idle slots are counts (deterministic); times are measured.
+A step computes at most STEP_TOKENS tokens (chunked prefill: a prompt that does not fit is split
+over steps, P in each), so every step is a short slice. One engine step per slice. Steps and idle slots are counts (deterministic); times are measured.
 """
 
 import os
@@ -32,6 +33,7 @@ MAX_REQUESTS = 8
 MAX_PROMPT = 64
 MAX_OUTPUT = 32
 MAX_SLOTS = 8
+STEP_TOKENS = 64      # token budget of a step: longer prompts prefill in chunks, each step a short slice
 PASSAGE = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp, a book "
            "and a small tin of biscuits. From the top he could see the whole bay: the fishing boats coming "
            "home, the gulls circling the harbour wall, the ferry that crossed twice a day to the island, and "
@@ -92,7 +94,7 @@ def run_mode(engine, mode: str, prompts, outputs, slots: int, total: int, done: 
     bs = engine.config.block_size
     blocks = sum(-(-(len(p) + n) // bs) for p, n in zip(prompts, outputs)) + 2   # room for all: no preemption
     exp = engine.sibling(scheduling=mode, max_num_seqs=slots, num_kv_blocks=blocks,
-                         max_num_batched_tokens=MAX_PROMPT * MAX_SLOTS, enable_prefix_caching=False,
+                         max_num_batched_tokens=STEP_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True, trace_steps=4096)
     ids = [exp.add_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)).request_id
            for p, n in zip(prompts, outputs)]

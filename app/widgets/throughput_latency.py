@@ -61,7 +61,7 @@ def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
     exp = engine.sibling(max_num_seqs=seqs, num_kv_blocks=blocks, max_num_batched_tokens=STEP_TOKENS,
                          enable_prefix_caching=False, enable_chunked_prefill=True, scheduling="continuous",
                          trace_steps=16)
-    timings = yield from drive(exp, arrivals, prompts)
+    timings, tokens = yield from drive(exp, arrivals, prompts)
     metrics = serving_metrics(timings)
     return {
         "rate": rate, "max_num_seqs": seqs, "num_requests": len(prompts),
@@ -70,16 +70,17 @@ def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
         "throughput_tok_s": round(metrics["output_throughput_tok_s"], 3),
         "ttft_p50_ms": round(metrics["ttft"]["p50_ms"], 3), "ttft_p99_ms": round(metrics["ttft"]["p99_ms"], 3),
         "tpot_p50_ms": round(metrics["tpot"]["p50_ms"], 3), "tpot_p99_ms": round(metrics["tpot"]["p99_ms"], 3),
-        "steps": exp.num_steps, "machine": machine(started),
+        "sample_token_ids": tokens, "steps": exp.num_steps, "machine": machine(started),
     }
 
 
 def drive(exp, arrivals: list[float], prompts: list[list[int]]):
     """Add each request when the clock passes its arrival; one engine step per slice; the clock
-    advances by each step's measured time. -> a RequestTiming per request, on that clock."""
+    advances by each step's measured time. -> a RequestTiming per request, on that clock, and the
+    first request's output token ids."""
     params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     timings = [RequestTiming(a) for a in arrivals]
-    by_id, clock, added = {}, 0.0, 0
+    by_id, clock, added, first = {}, 0.0, 0, []
     while added < len(prompts) or exp.has_unfinished_requests():
         while added < len(prompts) and arrivals[added] <= clock:
             by_id[exp.add_request(prompts[added], params).request_id] = timings[added]
@@ -93,9 +94,11 @@ def drive(exp, arrivals: list[float], prompts: list[list[int]]):
         for out in outputs:
             timing = by_id[out.request_id]
             timing.token_times += [clock] * (len(out.token_ids) - len(timing.token_times))
+            if timing is timings[0]:
+                first = list(out.token_ids)
         done = sum(len(t.token_times) == OUTPUT_TOKENS for t in timings)
         yield Progress(done, len(prompts), f"{added} of {len(prompts)} arrived, {done} finished, t = {clock:.2f} s")
-    return timings
+    return timings, first
 
 
 def rounded(metrics: dict) -> dict:

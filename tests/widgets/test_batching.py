@@ -43,12 +43,13 @@ def check_run(run: dict, workload, slots: int) -> None:
     assert run["steps"] == len(run["trace"])
     for row in run["trace"]:
         assert len(row["cells"]) == slots
+    busy = 0
     for i, (prompt, out) in enumerate(workload):
         labels = [c["label"] for row in run["trace"] for c in row["cells"] if c and c["request"] == i and c["kind"] != "idle"]
-        assert labels == ["P"] + [f"D{n}" for n in range(2, out + 1)], (i, labels)
-        (p,) = [c for row in run["trace"] for c in row["cells"] if c and c["request"] == i and c["kind"] == "prefill"]
-        assert p["tokens"] == prompt
-    busy = sum(out for _, out in workload)       # one P (which makes token 1) and out − 1 decodes each
+        chunks = [c["tokens"] for row in run["trace"] for c in row["cells"] if c and c["request"] == i and c["kind"] == "prefill"]
+        assert sum(chunks) == prompt and all(0 < n <= 64 for n in chunks)   # the prompt, in chunks of the step budget
+        assert labels == ["P"] * len(chunks) + [f"D{n}" for n in range(2, out + 1)], (i, labels)
+        busy += len(chunks) + out - 1            # its prefill steps (the last makes token 1), then out − 1 decodes
     assert run["busy_slots"] == busy
     assert run["idle_slots"] == run["steps"] * slots - busy
     assert [len(q["token_ids"]) for q in run["requests"]] == [out for _, out in workload]
@@ -71,7 +72,8 @@ def test_continuous_takes_fewer_steps_and_idle_slots_for_the_same_tokens(ws):
     r = run_job(ws, requests=WORKLOAD, slots=3, run=5)
     assert r["type"] == "batching", r
     check_reply(r, WORKLOAD, 3)
-    # static: batches of 3 in order, each as long as its longest member (its prompt step + its decodes)
+    # static: batches of 3 in order, each as long as its longest member (its prompt step + its decodes;
+    # the second batch's 70 prompt tokens take two steps of 64, while its other members decode)
     assert r["static_steps"] == max(4, 16, 8) + max(2, 12, 6)
     assert r["machine"]["threads"] >= 1 and r["machine"]["measured_at"]
     assert run_job(ws, requests=WORKLOAD, slots=3, run=5)["machine"] == r["machine"], "cached"

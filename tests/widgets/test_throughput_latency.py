@@ -92,6 +92,7 @@ def check_point(r, rate, seqs, n):
     assert r["arrivals_s"] == pytest.approx(poisson_arrivals(rate, n, seed=r["seed"]), abs=1e-6)
     m = r["metrics"]
     assert m["completed"] == n and m["output_tokens"] == n * r["output_tokens"]
+    assert len(r["sample_token_ids"]) == r["output_tokens"]
     assert r["throughput_tok_s"] == pytest.approx(m["output_tokens"] / m["duration_s"], rel=2e-3)
     assert m["duration_s"] >= r["arrivals_s"][-1]                 # the run lasts past the last arrival
     assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["tpot_p50_ms"] <= r["tpot_p99_ms"]
@@ -111,10 +112,18 @@ def test_a_run_is_one_point_consistent_with_its_arrivals(ws):
 
 
 @pytest.mark.real_model
-def test_real_engine_point(real_ws):
+def test_real_engine_point_and_its_tokens_are_transformers_greedy_tokens(real_ws, hf_reference, smollm_loaded):
+    import torch
+    from app.widgets.throughput_latency import PASSAGE, PROMPT_TOKENS
+    hf_model, _ = hf_reference
     r = run_job(real_ws, rate=8, max_num_seqs=4, num_requests=6, run=1)
     assert r["type"] == "throughput_latency", r
     check_point(r, 8, 4, 6)
+    ids = smollm_loaded.tokenizer.encode(PASSAGE)[:PROMPT_TOKENS]       # request 1's prompt
+    with torch.no_grad():
+        ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=r["output_tokens"], do_sample=False,
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    assert r["sample_token_ids"] == ref, "batched under load, the tokens are still the greedy ones"
 
 
 @pytest.mark.browser

@@ -75,7 +75,7 @@ export function mount(root, ctx) {
         el("p", { class: "bt-label", text: "finished (request: step, time)" }), s.done,
       ]);
     })),
-    el("p", { class: "note", text: "P: prefill (the whole prompt, and the first token). Dn: the n-th output token. "
+    el("p", { class: "note", text: "P: prefill (a chunk of at most 64 prompt tokens; the last chunk makes the first token). Dn: the n-th output token. "
       + "·: the slot is held by a finished request of a static batch, waiting for the batch's longest member. "
       + "Empty: no request left to take the slot." }),
   );
