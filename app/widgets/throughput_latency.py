@@ -32,7 +32,7 @@ MAX_SEQS = 32
 MIN_RATE, MAX_RATE = 0.5, 100.0      # requests per second
 PROMPT_TOKENS = 24
 OUTPUT_TOKENS = 12
-STEP_TOKENS = 64                     # token budget of a step: prefill chunks stay short slices
+STEP_TOKENS = 32                     # token budget of a step (a prompt and 8 decodes): short slices
 SEED = 0
 PASSAGE = ("A river starts as rain on the hills. It gathers in small streams that run down through the "
            "woods, join one another in the valleys, and grow into a wide, slow river that winds past farms "
