@@ -7,8 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import (attention, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache, kv_memory,
-               paging, phases, positions, prefix_cache, tokenizer)
+from . import (attention, batching, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache,
+               kv_memory, paging, phases, positions, prefix_cache, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -23,6 +23,8 @@ WIDGETS = [
     kv_memory.WIDGET,
     paging.WIDGET,
     gemm.WIDGET,
+    throughput_latency.WIDGET,
+    batching.WIDGET,
     chunked_prefill.WIDGET,
     prefix_cache.WIDGET,
 ]

@@ -1,0 +1,1 @@
+"""Small pure helpers for the serving experiments (no engine, no torch)."""

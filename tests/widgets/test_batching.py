@@ -1,0 +1,119 @@
+"""Widget `batching` (section 14): for the same workload and the same greedy tokens, continuous
+batching takes fewer steps and leaves fewer idle slots than static batching; the grid is the
+engine's own trace; the tokens match transformers' greedy decoding."""
+
+import pytest
+import torch
+
+from conftest import figure_value, shoot_widget, wait_ready
+
+BT = '[data-widget="batching"]'
+WORKLOAD = [[12, 4], [40, 16], [8, 8], [24, 2], [16, 12], [30, 6]]
+
+
+def run_job(ws, **fields) -> dict:
+    mid = ws.next_id()
+    ws.send({"type": "batching", "id": mid, **fields})
+    while True:
+        m = ws.recv_for(mid, timeout=180)
+        if m["type"] != "progress":
+            return m
+        assert 0 <= m["done"] <= m["total"] and m["note"]
+
+
+def test_batching_refuses_bad_input_naming_the_field(ws):
+    good = {"type": "batching", "id": "bad", "requests": WORKLOAD, "slots": 3}
+    cases = [
+        ({"requests": None}, "requests"), ({"requests": []}, "requests"), ({"requests": [[1, 1]] * 9}, "requests"),
+        ({"requests": [[65, 1]]}, "requests"), ({"requests": [[4, 33]]}, "requests"), ({"requests": [[0, 3]]}, "requests"),
+        ({"requests": [[4]]}, "requests"), ({"requests": [["4", 2]]}, "requests"), ({"requests": "12:4"}, "requests"),
+        ({"slots": 0}, "slots"), ({"slots": 9}, "slots"), ({"slots": 2.5}, "slots"),
+        ({"run": -1}, "run"), ({"color": 1}, "color"),
+    ]
+    for change, param in cases:
+        msg = {k: v for k, v in {**good, **change}.items() if v is not None}
+        err = ws.error(msg, "bad")
+        assert err["param"] == param, (change, err)
+        assert param in err["message"] or param == "color", err
+    assert run_job(ws, requests=[[4, 2]], slots=1)["type"] == "batching"     # still usable
+
+
+def check_run(run: dict, workload, slots: int) -> None:
+    """The trace is the workload's: one P per request, D2..Dn after it, counts that add up."""
+    assert run["steps"] == len(run["trace"])
+    for row in run["trace"]:
+        assert len(row["cells"]) == slots
+    busy = 0
+    for i, (prompt, out) in enumerate(workload):
+        labels = [c["label"] for row in run["trace"] for c in row["cells"] if c and c["request"] == i and c["kind"] != "idle"]
+        chunks = [c["tokens"] for row in run["trace"] for c in row["cells"] if c and c["request"] == i and c["kind"] == "prefill"]
+        assert sum(chunks) == prompt and all(0 < n <= 64 for n in chunks)   # the prompt, in chunks of the step budget
+        assert labels == ["P"] * len(chunks) + [f"D{n}" for n in range(2, out + 1)], (i, labels)
+        busy += len(chunks) + out - 1            # its prefill steps (the last makes token 1), then out − 1 decodes
+    assert run["busy_slots"] == busy
+    assert run["idle_slots"] == run["steps"] * slots - busy
+    assert [len(q["token_ids"]) for q in run["requests"]] == [out for _, out in workload]
+    assert run["total_ms"] == pytest.approx(sum(r["ms"] for r in run["trace"]), abs=0.01 * run["steps"])
+
+
+def check_reply(r, workload, slots):
+    check_run(r["static"], workload, slots)
+    check_run(r["continuous"], workload, slots)
+    assert r["same_tokens"]
+    assert [q["token_ids"] for q in r["static"]["requests"]] == [q["token_ids"] for q in r["continuous"]["requests"]]
+    assert r["static_steps"] == r["static"]["steps"] and r["continuous_steps"] == r["continuous"]["steps"]
+    assert r["static_idle_slots"] == r["static"]["idle_slots"]
+    assert r["continuous_idle_slots"] == r["continuous"]["idle_slots"]
+    assert r["continuous_steps"] < r["static_steps"]
+    assert r["continuous_idle_slots"] < r["static_idle_slots"]
+
+
+def test_continuous_takes_fewer_steps_and_idle_slots_for_the_same_tokens(ws):
+    r = run_job(ws, requests=WORKLOAD, slots=3, run=5)
+    assert r["type"] == "batching", r
+    check_reply(r, WORKLOAD, 3)
+    # static: batches of 3 in order, each as long as its longest member (its prompt step + its decodes;
+    # the second batch's 70 prompt tokens take two steps of 64, while its other members decode)
+    assert r["static_steps"] == max(4, 16, 8) + max(2, 12, 6)
+    assert r["machine"]["threads"] >= 1 and r["machine"]["measured_at"]
+    assert run_job(ws, requests=WORKLOAD, slots=3, run=5)["machine"] == r["machine"], "cached"
+
+
+def test_one_slot_makes_both_the_same(ws):
+    workload = [[8, 3], [5, 2]]
+    r = run_job(ws, requests=workload, slots=1)
+    assert r["static_steps"] == r["continuous_steps"] == 5
+    assert r["static_idle_slots"] == r["continuous_idle_slots"] == 0
+
+
+@pytest.mark.real_model
+def test_tokens_are_transformers_greedy_tokens(real_ws, hf_reference, smollm_loaded):
+    from app.widgets.batching import prompt_ids
+    hf_model, _ = hf_reference
+    workload = [[12, 6], [20, 3], [9, 5]]
+    r = run_job(real_ws, requests=workload, slots=2, run=1)
+    assert r["type"] == "batching", r
+    check_reply(r, workload, 2)
+    for ids, (_, out), q in zip(prompt_ids(smollm_loaded.tokenizer, workload), workload, r["continuous"]["requests"]):
+        with torch.no_grad():
+            ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=out, do_sample=False,
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+        assert q["token_ids"] == ref
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_batching_page(pg, artifacts_dir):
+    query = "?workload=12:4,40:16,8:8,24:2,16:12,30:6&slots=3"
+    shoot_widget(pg, "batching", artifacts_dir, query, ready_timeout=180_000)
+    page = pg.page
+    pg.goto(f"/embed/batching{query}")
+    wait_ready(page, BT, timeout=180_000)
+    assert page.input_value(f'{BT} input[name="workload"]') == "12:4,40:16,8:8,24:2,16:12,30:6"
+    static, cont = figure_value(page, "static_steps", BT), figure_value(page, "continuous_steps", BT)
+    assert cont < static == 28
+    assert figure_value(page, "continuous_idle_slots", BT) < figure_value(page, "static_idle_slots", BT)
+    assert figure_value(page, "static_total_ms", BT) > 0 and figure_value(page, "continuous_total_ms", BT) > 0
+    assert page.locator(f"{BT} .bt-row").count() == static + cont + 2       # rows plus the two headers
+    assert "thread" in page.inner_text(f"{BT} .machine")
+    pg.assert_clean()

@@ -1,0 +1,143 @@
+"""Widget `throughput-latency` (section 13): the load generator's arrivals follow the requested rate
+(on its own timestamps), the serving metrics of a made-up trace equal hand-computed values, and a
+run on the engine reports numbers consistent with its own arrivals and tokens."""
+
+import math
+
+import pytest
+
+from conftest import figure_value, shoot_widget, wait_ready
+from core.lab.load import RequestTiming, percentile, poisson_arrivals, serving_metrics
+
+TL = '[data-widget="throughput-latency"]'
+
+
+@pytest.mark.parametrize("rate", [0.5, 4.0, 50.0])
+def test_arrivals_follow_the_requested_rate(rate):
+    n = 2000
+    times = poisson_arrivals(rate, n, seed=11)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0 and len(times) == n and all(g >= 0 for g in gaps)
+    mean = sum(gaps) / len(gaps)
+    # exponential gaps: the mean of 1999 has standard deviation (1/rate)/sqrt(1999); allow 4 of them
+    assert abs(mean - 1 / rate) < 4 * (1 / rate) / math.sqrt(len(gaps))
+    # and they are exponential: P(gap < 1/rate) = 1 − 1/e, within 4 binomial standard deviations
+    frac = sum(g < 1 / rate for g in gaps) / len(gaps)
+    p = 1 - math.exp(-1)
+    assert abs(frac - p) < 4 * math.sqrt(p * (1 - p) / len(gaps))
+    assert poisson_arrivals(rate, n, seed=11) == times, "seeded"
+    assert poisson_arrivals(rate, n, seed=12) != times
+
+
+def test_arrivals_refuse_bad_arguments():
+    for rate in (0, -1, float("nan"), float("inf"), "2"):
+        with pytest.raises(ValueError, match="rate"):
+            poisson_arrivals(rate, 10)
+    with pytest.raises(ValueError, match="n"):
+        poisson_arrivals(1.0, 0)
+
+
+def test_metrics_of_a_made_up_trace_equal_hand_computed_values():
+    a = RequestTiming(0.0, [0.5, 0.6, 0.8, 0.9])     # TTFT 0.5, gaps .1 .2 .1, TPOT .4/3
+    b = RequestTiming(0.2, [1.2, 1.5])               # TTFT 1.0, gap .3, TPOT .3
+    c = RequestTiming(1.0, [1.4])                    # TTFT 0.4, one token: no TPOT
+    m = serving_metrics([a, b, c])
+    assert m["completed"] == 3 and m["output_tokens"] == 7
+    assert m["duration_s"] == pytest.approx(1.5)                    # first arrival 0 to last token 1.5
+    assert m["output_throughput_tok_s"] == pytest.approx(7 / 1.5)
+    assert m["request_throughput_rps"] == pytest.approx(3 / 1.5)
+    # TTFT: 0.5, 1.0, 0.4 -> sorted .4 .5 1.0: median .5; p99 = .5 + (1.0 − .5)·0.98
+    assert m["ttft"]["mean_ms"] == pytest.approx(1000 * 1.9 / 3)
+    assert m["ttft"]["p50_ms"] == pytest.approx(500)
+    assert m["ttft"]["p99_ms"] == pytest.approx(1000 * (0.5 + 0.5 * 0.98))
+    # TPOT: .1333 and .3 -> median (.1333 + .3)/2; p99 = .1333 + (.3 − .1333)·0.99
+    t1 = 0.4 / 3
+    assert m["tpot"]["p50_ms"] == pytest.approx(1000 * (t1 + 0.3) / 2)
+    assert m["tpot"]["p99_ms"] == pytest.approx(1000 * (t1 + (0.3 - t1) * 0.99))
+    # ITL: .1 .2 .1 .3 -> sorted .1 .1 .2 .3: median .15, mean .175
+    assert m["itl"]["p50_ms"] == pytest.approx(150)
+    assert m["itl"]["mean_ms"] == pytest.approx(175)
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        serving_metrics([RequestTiming(0.0, [])])
+
+
+def run_job(ws, **fields) -> dict:
+    mid = ws.next_id()
+    ws.send({"type": "throughput_latency", "id": mid, **fields})
+    while True:
+        m = ws.recv_for(mid, timeout=240)
+        if m["type"] != "progress":
+            return m
+        assert 0 <= m["done"] <= m["total"] and m["note"]
+
+
+def test_throughput_latency_refuses_bad_input_naming_the_field(ws):
+    good = {"type": "throughput_latency", "id": "bad", "rate": 4, "max_num_seqs": 4, "num_requests": 4}
+    cases = [
+        ({"rate": 0}, "rate"), ({"rate": 101}, "rate"), ({"rate": "4"}, "rate"),
+        ({"max_num_seqs": 0}, "max_num_seqs"), ({"max_num_seqs": 33}, "max_num_seqs"), ({"max_num_seqs": 1.5}, "max_num_seqs"),
+        ({"num_requests": 1}, "num_requests"), ({"num_requests": 33}, "num_requests"),
+        ({"run": -1}, "run"), ({"color": 1}, "color"),
+    ]
+    for change, param in cases:
+        err = ws.error({**good, **change}, "bad")
+        assert err["param"] == param, (change, err)
+        assert param in err["message"] or param == "color", err
+    assert run_job(ws, rate=8, max_num_seqs=2, num_requests=3)["type"] == "throughput_latency"   # still usable
+
+
+def check_point(r, rate, seqs, n):
+    assert (r["rate"], r["max_num_seqs"], r["num_requests"]) == (rate, seqs, n)
+    assert r["arrivals_s"] == pytest.approx(poisson_arrivals(rate, n, seed=r["seed"]), abs=1e-6)
+    m = r["metrics"]
+    assert m["completed"] == n and m["output_tokens"] == n * r["output_tokens"]
+    assert len(r["sample_token_ids"]) == r["output_tokens"]
+    assert r["throughput_tok_s"] == pytest.approx(m["output_tokens"] / m["duration_s"], rel=2e-3)
+    assert m["duration_s"] >= r["arrivals_s"][-1]                 # the run lasts past the last arrival
+    assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["tpot_p50_ms"] <= r["tpot_p99_ms"]
+    assert r["machine"]["threads"] >= 1 and r["machine"]["measured_at"]
+
+
+def test_a_run_is_one_point_consistent_with_its_arrivals(ws):
+    r = run_job(ws, rate=20, max_num_seqs=4, num_requests=8, run=3)
+    assert r["type"] == "throughput_latency", r
+    check_point(r, 20, 4, 8)
+    assert run_job(ws, rate=20, max_num_seqs=4, num_requests=8, run=3)["machine"] == r["machine"], "cached"
+    one = run_job(ws, rate=20, max_num_seqs=1, num_requests=8, run=3)
+    check_point(one, 20, 1, 8)
+    # one at a time: every request needs its own prefill step and output − 1 decode steps
+    assert one["steps"] >= 8 * one["output_tokens"]
+    assert one["ttft_p99_ms"] > r["ttft_p99_ms"], "one slot makes later arrivals wait longer"
+
+
+@pytest.mark.real_model
+def test_real_engine_point_and_its_tokens_are_transformers_greedy_tokens(real_ws, hf_reference, smollm_loaded):
+    import torch
+    from app.widgets.throughput_latency import PASSAGE, PROMPT_TOKENS
+    hf_model, _ = hf_reference
+    r = run_job(real_ws, rate=8, max_num_seqs=4, num_requests=6, run=1)
+    assert r["type"] == "throughput_latency", r
+    check_point(r, 8, 4, 6)
+    ids = smollm_loaded.tokenizer.encode(PASSAGE)[:PROMPT_TOKENS]       # request 1's prompt
+    with torch.no_grad():
+        ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=r["output_tokens"], do_sample=False,
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    assert r["sample_token_ids"] == ref, "batched under load, the tokens are still the greedy ones"
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_throughput_latency_page(pg, artifacts_dir):
+    query = "?rates=4,16&max_num_seqs=1,4&num_requests=6"
+    shoot_widget(pg, "throughput-latency", artifacts_dir, query, ready_timeout=300_000)
+    page = pg.page
+    pg.goto(f"/embed/throughput-latency{query}")
+    wait_ready(page, TL, timeout=300_000)
+    assert page.input_value(f'{TL} input[name="rates"]') == "4,16"
+    assert figure_value(page, "throughput_tok_s", TL) > 0
+    assert figure_value(page, "tpot_p99_ms", TL) > 0
+    assert figure_value(page, "ttft_p99_ms", TL) > 0
+    assert page.locator(f"{TL} .tl-table tr").count() == 1 + 4
+    assert "thread" in page.inner_text(f"{TL} .machine")
+    pg.assert_clean()
