@@ -8,7 +8,7 @@ this list.
 """
 
 from . import (attention, block, chat, embedding, generation, kv_cache, kv_memory, paging, phases, positions,
-               prefix_cache, tokenizer)
+               prefix_cache, slo, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -23,6 +23,7 @@ WIDGETS = [
     kv_memory.WIDGET,
     paging.WIDGET,
     prefix_cache.WIDGET,
+    slo.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}
