@@ -185,7 +185,7 @@ def test_served_tokens_are_transformers_greedy_tokens(real_ws, hf_reference, smo
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_slo_page(pg, artifacts_dir):
-    query = "?rate=4&requests=12&batch=2,8&waiting=2&ttft=1500&tpot=300"
+    query = "?rate=4&requests=12&batch=2,8&waiting=2"
     shoot_widget(pg, "slo", artifacts_dir, query, ready_timeout=300_000)
     page = pg.page
     pg.goto(f"/embed/slo{query}")
