@@ -11,8 +11,8 @@ The load is a seeded Poisson process generated here: exponential inter-arrival t
 requests/s (at most MAX_REQUESTS per run), each request a seeded prompt length and output length.
 Every batch limit runs twice, with admission off and on (on: a request that arrives while
 `max_waiting` requests wait is rejected at once, and counts in neither completed nor goodput), each
-run on a fresh engine of its own beside the serving one (`engine.sibling(max_num_seqs=...)`), one
-engine step per slice. The clock of a run is virtual: it advances by each engine step's measured
+run on a fresh engine of its own beside the serving one (`engine.sibling(max_num_seqs=...)`, with a
+STEP_TOKENS budget per step, so a burst of prompts is prefilled in chunks), one engine step per slice. The clock of a run is virtual: it advances by each engine step's measured
 duration and jumps over idle gaps to the next arrival, so time spent serving other readers between
 slices never counts, and a request arriving during a step joins at the next one, as in a server.
 `run` is the reader's "measure again" counter: a new value is a new job.
@@ -37,6 +37,7 @@ MAX_BATCH_LIMITS = 3         # batch limits per job (each runs with admission of
 MAX_BATCH = 16               # the largest batch limit
 PROMPT_TOKENS = (8, 48)      # each prompt's length, drawn uniformly (tokens)
 OUTPUT_TOKENS = (4, 12)      # each answer's length, drawn uniformly (tokens; EOS ignored)
+STEP_TOKENS = 64             # token budget of one step on the experiment's engines (chunked prefill): short slices
 SOURCE = ("A service answers many people at once. Each request waits in a queue, has its prompt read in "
           "one pass, and then receives its answer one token at a time, while the engine decides at every "
           "step which requests run together and which wait. Latency is what one person feels; throughput "
@@ -104,7 +105,8 @@ def serve(engine, requests: list[dict], max_num_seqs: int, max_waiting: int | No
     bs = engine.config.block_size
     blocks = sum(-(-(len(r["prompt"]) + r["max_tokens"]) // bs) for r in requests) + 4   # never preempts
     exp = engine.sibling(max_num_seqs=max_num_seqs, num_kv_blocks=blocks, trace_steps=16,
-                         enable_prefix_caching=False)
+                         max_num_batched_tokens=STEP_TOKENS, enable_prefix_caching=False)
+    yield Progress(0, len(requests), note)                  # building the engine was this slice
     records = [{"arrival_s": r["arrival_s"], "rejected": False, "first_token_s": None, "finished_s": None,
                 "output_tokens": 0} for r in requests]
     clock, nxt, steps = 0.0, 0, 0
@@ -174,8 +176,7 @@ def measure(engine, inputs: dict, source: list[int]):
     requests = workload(inputs, source)
     settings = [(b, cap) for b in inputs["batch_limits"] for cap in (None, inputs["max_waiting"])]
     yield Progress(0, len(requests), "starting")
-    warm = engine.sibling(max_num_seqs=1, num_kv_blocks=8, trace_steps=4)
-    warm.warmup()                                        # first-call costs out of the timings
+    yield from warm_up(engine.sibling(max_num_seqs=1, num_kv_blocks=8, trace_steps=4))
     started = time.time()
     runs = []
     for k, (b, cap) in enumerate(settings):
@@ -193,6 +194,14 @@ def measure(engine, inputs: dict, source: list[int]):
         "goodput_rps": runs[by_goodput]["goodput_rps"], "best_max_num_seqs": runs[by_goodput]["max_num_seqs"],
         "machine": machine(started),
     }
+
+
+def warm_up(exp):
+    """A short request, one step per slice, so first-call costs stay out of the timed runs."""
+    seq = exp.add_request([exp.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
+    while not seq.is_finished:
+        exp.step()
+        yield None
 
 
 def machine(started: float) -> dict:
