@@ -15,6 +15,9 @@ and jobs in one thread, as a time-sharing OS would do it with a quantum).
   thing computes it once.
 - Progress: a job that runs for over a second reports its yielded Progress every half second.
 - Abort: a subscriber can leave; a job with no subscribers left is stopped at its next slice.
+- Exclusive slices: a job whose next slice cannot be short (the one-piece prefill an experiment
+  exists to show) yields EXCLUSIVE first; that slice then runs only while the serving engine has
+  no request in flight, so it stalls nobody's chat. Other jobs go on meanwhile.
 """
 
 import json
@@ -31,6 +34,16 @@ log = logging.getLogger(__name__)
 
 PROGRESS_AFTER_S = 1.0     # a job this old starts reporting progress
 PROGRESS_EVERY_S = 0.5     # ... at most this often
+
+
+class _Exclusive:
+    """Yielded by a job: its next slice is long, so run it only while nothing is being served."""
+
+    def __repr__(self) -> str:
+        return "EXCLUSIVE"
+
+
+EXCLUSIVE = _Exclusive()
 
 
 @dataclass
@@ -64,6 +77,7 @@ class _Job:
     gen: Iterator | None = None
     last_progress: float = 0.0
     progress: Progress | None = None
+    exclusive: bool = False                           # its next slice waits for an idle engine
 
 
 class JobRunner:
@@ -139,13 +153,15 @@ class JobRunner:
     # -- on the engine loop's thread ----------------------------------------------------------
     def __call__(self, engine) -> bool:
         """One slice of the next job, round-robin across owners. True if it did any work."""
-        job = self._next_job()
+        busy = engine is not None and engine.has_unfinished_requests()
+        job = self._next_job(busy)
         if job is None:
             return False
         t0 = time.perf_counter()
         try:
             if job.gen is None:
                 job.gen = _as_generator(job.work, engine)
+            job.exclusive = False
             item = next(job.gen)
         except StopIteration as stop:
             self._finish(job, Event("result", result=stop.value), cache=True)
@@ -154,7 +170,9 @@ class JobRunner:
                 log.error("job %s failed", job.key[:80], exc_info=exc)
             self._finish(job, Event("error", error=exc), cache=False)
         else:
-            if isinstance(item, Progress):
+            if item is EXCLUSIVE:
+                job.exclusive = True
+            elif isinstance(item, Progress):
                 job.progress = item
             self._maybe_report(job)
         finally:
@@ -163,10 +181,11 @@ class JobRunner:
             self.max_slice_s = max(self.max_slice_s, elapsed)
         return True
 
-    def _next_job(self) -> _Job | None:
-        """The head job of the owner whose turn it is; jobs nobody waits for are dropped."""
+    def _next_job(self, busy: bool = False) -> _Job | None:
+        """The head job of the owner whose turn it is; jobs nobody waits for are dropped, and a
+        job whose next slice is exclusive is passed over while the engine is busy."""
         with self._lock:
-            while self._queues:
+            for _ in range(len(self._queues)):
                 owner, queue = next(iter(self._queues.items()))
                 self._queues.move_to_end(owner)          # the next slice goes to the next owner
                 while queue and not queue[0].subscribers:
@@ -176,6 +195,8 @@ class JobRunner:
                         dropped.gen.close()
                 if not queue:
                     del self._queues[owner]
+                    continue
+                if busy and queue[0].exclusive:
                     continue
                 return queue[0]
         return None

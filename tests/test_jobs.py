@@ -223,3 +223,35 @@ def test_a_long_job_stalls_a_chat_by_less_than_two_decode_steps(smollm_loaded):
         assert max(gaps) < 2 * step, (max(gaps), step)
     finally:
         loop.shutdown()
+
+
+class FakeEngine:
+    def __init__(self, busy: bool):
+        self.busy = busy
+
+    def has_unfinished_requests(self) -> bool:
+        return self.busy
+
+
+def test_an_exclusive_slice_waits_for_an_idle_engine():
+    """A job's long slice (after EXCLUSIVE) runs only while no request is being served; other
+    jobs go on meanwhile."""
+    runner, log, a, b = JobRunner(), [], Recorder(), Recorder()
+
+    def long_job(engine):
+        log.append("before")
+        yield jobs.EXCLUSIVE
+        log.append("long slice")
+        return {"done": True}
+
+    runner.submit("A", 1, "long", long_job, a)
+    runner.submit("B", 1, "short", slices(2, "short", log), b)
+    busy = FakeEngine(True)
+    for _ in range(6):
+        runner(busy)
+    assert "long slice" not in log and b.results == [{"tag": "short"}]
+    assert runner(busy) is False                     # only the exclusive slice is left: nothing runs
+    runner(FakeEngine(False))
+    assert log[-1] == "long slice"
+    drain(runner, FakeEngine(False))
+    assert a.results == [{"done": True}]

@@ -25,7 +25,7 @@ step, by design: that step is the stall being shown, so prompt_tokens is capped 
 from core.errors import InvalidParameter
 from core.sampling_params import SamplingParams
 
-from ..jobs import Progress
+from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
 from .phases import machine, ms, prompt_ids
 
@@ -65,10 +65,13 @@ def chunked_prefill_job(engine, decoders: int, prompt_tokens: int, budget: int, 
         scenario = run_scenario(engine, decoders, prompt_tokens, step_budget, chunked=mode == "chunked")
         while True:
             try:
-                next(scenario)
+                item = next(scenario)
             except StopIteration as stop:
                 runs[mode] = stop.value
                 break
+            if item is EXCLUSIVE:           # the one-piece prefill: run it while nobody is served
+                yield item
+                continue
             done = min(done + 1, total - 1)
             yield Progress(done, total, f"{mode}: a {prompt_tokens}-token prompt beside {decoders} decoders")
     return {"machine": machine(), "run": run, "decoders": decoders, "prompt_tokens": prompt_tokens,
@@ -98,6 +101,8 @@ def run_scenario(engine, decoders: int, prompt_tokens: int, step_budget: int, ch
     long = exp.add_request(prompt_ids(exp.tokenizer, prompt_tokens), SamplingParams(temperature=0.0, max_tokens=1))
     arrival = long.metrics.arrival_time
     while not long.is_finished:
+        if not chunked and long.num_computed_tokens == 0:
+            yield EXCLUSIVE                  # this step prefills the whole prompt: a long slice
         exp.step()
         yield
     for _ in range(AFTER_STEPS):

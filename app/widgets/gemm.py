@@ -28,7 +28,7 @@ from core.config import WeightFormat
 from core.errors import InvalidParameter, is_int
 from core.gemm import PackedLinear
 
-from ..jobs import Progress
+from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
 from .phases import machine, read_bandwidth
 
@@ -39,6 +39,7 @@ MAX_RUN = 1_000_000
 REPEATS = 5          # timed calls per point, best of: the machine is shared
 SLICE_S = 0.05       # a point's repeats stop early past this much time in its slice (one call at least)
 TRIES = 3            # bandwidth and peak: best of, one per slice
+EXCLUSIVE_FLOPS = 4e9  # a product bigger than this (about a decode step here) waits for an idle engine
 PEAK_SIZE = 1024     # (N, N) @ (N, N) for the peak: 2 N^3 FLOPs
 
 
@@ -77,6 +78,8 @@ def gemm_job(engine, format: str, max_rows: int, run: int):
     for shape in shapes:
         weight = PackedLinear(WeightFormat(format), torch.randn(shape["n"], shape["k"]) * 0.02)  # (N, K)
         for r in rows:
+            if 2 * r * shape["k"] * shape["n"] > EXCLUSIVE_FLOPS:
+                yield EXCLUSIVE                  # a long product: time it while nobody is served
             seconds = time_product(weight, r, shape["k"])
             points.append(point(shape, weight.nbytes, r, seconds))
             done += 1

@@ -81,7 +81,7 @@ def test_chunked_prefill_runs_both_ways(ws):
 
 
 def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
-    from app.jobs import Progress
+    from app.jobs import EXCLUSIVE, Progress
     from app.widgets.chunked_prefill import chunked_prefill_job
     from core.config import EngineConfig
     from core.engine import LLMEngine
@@ -94,9 +94,11 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
         except StopIteration as stop:
             r = stop.value
             break
-    assert all(isinstance(i, Progress) for i in items)
+    assert all(isinstance(i, Progress) or i is EXCLUSIVE for i in items)
+    # the one-piece prefill is the only long slice, and it waits for an idle serving engine
+    assert sum(i is EXCLUSIVE for i in items) == 1
     steps = sum(len(run["steps"]) for run in r["runs"].values())
-    assert len(items) >= steps                               # one slice per engine step at least
+    assert sum(isinstance(i, Progress) for i in items) >= steps  # one slice per engine step at least
     check_structure(r, 2, 64, 18)
     assert engine.stats()["kv"]["used_blocks"] == 0          # the serving engine was never touched
 
