@@ -131,12 +131,7 @@ export function mount(root, ctx) {
 
   again.addEventListener("click", () => { state.run += 1; measure(); });
   for (const input of [decoders, promptTokens, budget]) input.addEventListener("change", measure);
-  const start = () => client.ready().then(measure).catch((err) => setState(root, "error", err.message));
-  start();
-  const offStatus = client.onStatus((status) => {
-    if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-    else if (status === "open" && root.dataset.state === "error") start();
-  });
+  const offStatus = ctx.connected(() => measure());
   return () => {
     state.abort?.abort();
     offStatus();

@@ -148,12 +148,7 @@ export function mount(root, ctx) {
   again.addEventListener("click", () => { state.run += 1; measure(); });
   format.addEventListener("change", measure);
   maxRows.addEventListener("change", measure);
-  const start = () => client.ready().then(measure).catch((err) => setState(root, "error", err.message));
-  start();
-  const offStatus = client.onStatus((status) => {
-    if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-    else if (status === "open" && root.dataset.state === "error") start();
-  });
+  const offStatus = ctx.connected(() => measure());
   return () => {
     state.abort?.abort();
     offStatus();

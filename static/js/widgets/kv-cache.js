@@ -174,12 +174,7 @@ export function mount(root, ctx) {
   maxTokens.addEventListener("change", measure);
   again.addEventListener("click", () => { state.run += 1; measure(); });
 
-  const start = () => client.ready().then(measure).catch((err) => setState(root, "error", err.message));
-  start();
-  cleanups.push(client.onStatus((status) => {
-    if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-    else if (status === "open" && root.dataset.state === "error") start();
-  }));
+  cleanups.push(ctx.connected(() => measure()));
   return () => {
     onInput.cancel();
     state.abort?.abort();

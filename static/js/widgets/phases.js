@@ -281,12 +281,7 @@ export function mount(root, ctx) {
   question.addEventListener("change", syncOptions);
 
   renderDefinitions();
-  const start = () => client.ready().then(measure).catch((err) => setState(root, "error", err.message));
-  start();
-  cleanups.push(client.onStatus((status) => {
-    if (status === "closed") setState(root, "error", "The connection to the server was lost; reconnecting…");
-    else if (status === "open" && root.dataset.state === "error") start();
-  }));
+  cleanups.push(ctx.connected(() => measure()));
   return () => {
     state.abort?.abort();
     state.current?.abort();
