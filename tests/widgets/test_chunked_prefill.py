@@ -12,17 +12,6 @@ from conftest import figure_value, shoot_widget, wait_ready
 CP = '[data-widget="chunked-prefill"]'
 
 
-def job(ws, kind, **fields) -> dict:
-    """A job's final reply (progress messages, which carry the same id, are skipped)."""
-    mid = ws.next_id()
-    ws.send({"type": kind, "id": mid, **fields})
-    while True:
-        m = ws.recv_for(mid, timeout=180)
-        if m["type"] != "progress":
-            return m
-        assert 0 <= m["done"] <= m["total"] and m["note"]
-
-
 def test_chunked_prefill_registers_one_job():
     from app.widgets import BY_NAME
     (m,) = BY_NAME["chunked-prefill"].messages
@@ -42,7 +31,7 @@ def test_chunked_prefill_refuses_bad_input_naming_the_field(ws):
         err = ws.error({"type": "chunked-prefill", "id": "bad", **fields}, "bad")
         assert err["param"] == param, (fields, err)
         assert param in err["message"]
-    r = job(ws, "chunked-prefill", decoders=2, prompt_tokens=64, budget=16)   # the connection is still usable
+    r = ws.job("chunked-prefill", decoders=2, prompt_tokens=64, budget=16)   # the connection is still usable
     assert r["type"] == "chunked-prefill", r
 
 
@@ -72,12 +61,12 @@ def check_structure(r, decoders: int, prompt_tokens: int, budget: int) -> None:
 
 
 def test_chunked_prefill_runs_both_ways(ws):
-    r = job(ws, "chunked-prefill", decoders=3, prompt_tokens=96, budget=24)
+    r = ws.job("chunked-prefill", decoders=3, prompt_tokens=96, budget=24)
     assert (r["decoders"], r["prompt_tokens"], r["budget"], r["run"]) == (3, 96, 24, 0)
     check_structure(r, 3, 96, 24)
-    cached = job(ws, "chunked-prefill", decoders=3, prompt_tokens=96, budget=24)
+    cached = ws.job("chunked-prefill", decoders=3, prompt_tokens=96, budget=24)
     assert {k: v for k, v in cached.items() if k != "id"} == {k: v for k, v in r.items() if k != "id"}
-    assert job(ws, "chunked-prefill", decoders=3, prompt_tokens=96, budget=24, run=1)["run"] == 1
+    assert ws.job("chunked-prefill", decoders=3, prompt_tokens=96, budget=24, run=1)["run"] == 1
 
 
 def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
@@ -105,7 +94,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
 
 @pytest.mark.real_model
 def test_chunking_lowers_the_worst_gap_on_the_real_model(real_ws, hf_reference, smollm_loaded):
-    r = job(real_ws, "chunked-prefill", decoders=4, prompt_tokens=512, budget=36)
+    r = real_ws.job("chunked-prefill", decoders=4, prompt_tokens=512, budget=36)
     check_structure(r, 4, 512, 36)
     # The unchunked stall step computes 512 prompt tokens; every chunked step at most 32. On this
     # machine (2 threads, shared) the gap was ~1.8 s against ~0.3-1.2 s for a 256-token prompt.
@@ -140,7 +129,7 @@ def test_chunked_prefill_page_takes_options_from_the_url(pg, real_ws, artifacts_
     wait_ready(page, CP, 180_000)
     for name, value in (("decoders", "3"), ("prompt_tokens", "128"), ("budget", "32")):
         assert page.input_value(f'{CP} input[name="{name}"]') == value
-    r = job(real_ws, "chunked-prefill", decoders=3, prompt_tokens=128, budget=32)     # from the cache
+    r = real_ws.job("chunked-prefill", decoders=3, prompt_tokens=128, budget=32)     # from the cache
     for key in ("max_itl_ms_unchunked", "max_itl_ms_chunked"):
         assert figure_value(page, key) == pytest.approx(r[key], rel=1e-9), key
     assert figure_value(page, "long_ttft_ms_chunked") == pytest.approx(r["runs"]["chunked"]["long_ttft_ms"])

@@ -12,17 +12,6 @@ GM = '[data-widget="gemm"]'
 NAMES = ["q/k/v", "o", "gate/up", "down", "LM head"]
 
 
-def job(ws, kind, **fields) -> dict:
-    """A job's final reply (progress messages, which carry the same id, are skipped)."""
-    mid = ws.next_id()
-    ws.send({"type": kind, "id": mid, **fields})
-    while True:
-        m = ws.recv_for(mid, timeout=180)
-        if m["type"] != "progress":
-            return m
-        assert 0 <= m["done"] <= m["total"] and m["note"]
-
-
 def test_gemm_registers_one_job():
     from app.widgets import BY_NAME
     (m,) = BY_NAME["gemm"].messages
@@ -39,7 +28,7 @@ def test_gemm_refuses_bad_input_naming_the_field(ws):
         err = ws.error({"type": "gemm", "id": "bad", **fields}, "bad")
         assert err["param"] == param, (fields, err)
         assert param in err["message"]
-    r = job(ws, "gemm", max_rows=64)                 # the connection is still usable
+    r = ws.job("gemm", timeout=180, max_rows=64)                 # the connection is still usable
     assert r["type"] == "gemm", r
 
 
@@ -77,12 +66,12 @@ def check_structure(r, cfg: dict, max_rows: int) -> None:
 
 
 def test_gemm_times_every_shape_at_every_row_count(ws):
-    r = job(ws, "gemm", format="bf16", max_rows=64)
+    r = ws.job("gemm", timeout=180, format="bf16", max_rows=64)
     assert (r["format"], r["max_rows"], r["run"]) == ("bf16", 64, 0)
     check_structure(r, ws.hello, 64)
-    cached = job(ws, "gemm", format="bf16", max_rows=64)     # cached by its inputs; a new run measures again
+    cached = ws.job("gemm", timeout=180, format="bf16", max_rows=64)     # cached by its inputs; a new run measures again
     assert {k: v for k, v in cached.items() if k != "id"} == {k: v for k, v in r.items() if k != "id"}
-    again = job(ws, "gemm", format="bf16", max_rows=64, run=1)
+    again = ws.job("gemm", timeout=180, format="bf16", max_rows=64, run=1)
     assert again["run"] == 1 and again["machine"]["measured_at"] >= r["machine"]["measured_at"]
 
 
@@ -108,7 +97,7 @@ def test_the_job_times_one_point_per_slice(tiny_loaded):
 @pytest.mark.real_model
 def test_throughput_at_64_rows_is_several_times_one_row(real_ws, hf_reference):
     hf_model, _ = hf_reference
-    r = job(real_ws, "gemm", format="fp32", max_rows=64)
+    r = real_ws.job("gemm", timeout=180, format="fp32", max_rows=64)
     # the shapes are the real model's: each product's weight is a weight of transformers' model
     hf = {tuple(p.shape) for p in hf_model.parameters()}
     for s in r["shapes"]:
@@ -133,7 +122,7 @@ def test_gemm_page_takes_options_from_the_url(pg, real_ws, artifacts_dir):
     wait_ready(page, GM, 180_000)
     assert page.input_value(f'{GM} select[name="format"]') == "bf16"
     assert page.input_value(f'{GM} select[name="max_rows"]') == "64"
-    r = job(real_ws, "gemm", format="bf16", max_rows=64)           # the page's job, from the cache
+    r = real_ws.job("gemm", timeout=180, format="bf16", max_rows=64)           # the page's job, from the cache
     for key in ("peak_gflops", "bandwidth_gb_s", "knee_rows", "speedup_64"):
         assert figure_value(page, key) == pytest.approx(r[key], rel=1e-9), key
     assert figure_value(page, "threads") == r["machine"]["threads"]

@@ -18,17 +18,6 @@ from conftest import figure_value, shoot_widget, wait_ready
 SLO = '[data-widget="slo"]'
 
 
-def job(ws, **fields) -> dict:
-    """The job's final reply (progress messages, which carry the same id, are skipped)."""
-    mid = ws.next_id()
-    ws.send({"type": "slo", "id": mid, **fields})
-    while True:
-        m = ws.recv_for(mid, timeout=180)
-        if m["type"] != "progress":
-            return m
-        assert 0 <= m["done"] <= m["total"] and m["note"]
-
-
 def record(arrival, first=None, finished=None, tokens=0, rejected=False) -> dict:
     return {"arrival_s": arrival, "rejected": rejected, "first_token_s": first, "finished_s": finished,
             "output_tokens": tokens}
@@ -113,7 +102,7 @@ def test_slo_refuses_bad_input_naming_the_field(ws):
         err = ws.error({"type": "slo", "id": "bad", **fields}, "bad")
         assert err["param"] == param, (fields, err)
         assert param in err["message"]
-    r = job(ws, requests=4, batch_limits=[1])                 # the connection is still usable
+    r = ws.job("slo", timeout=180, requests=4, batch_limits=[1])                 # the connection is still usable
     assert r["type"] == "slo", r
 
 
@@ -148,7 +137,7 @@ def check_job(r, inputs: dict) -> None:
 def test_slo_job_on_the_tiny_model(ws):
     inputs = {"rate": 50.0, "requests": 12, "seed": 1, "batch_limits": [1, 4], "max_waiting": 1,
               "ttft_ms": 50.0, "tpot_ms": 20.0, "run": 3}
-    r = job(ws, **inputs)
+    r = ws.job("slo", timeout=180, **inputs)
     assert r["type"] == "slo", r
     check_job(r, inputs)
     # at 50 requests/s into a batch of 1, the queue grows past one waiting: admission turns some away
@@ -159,7 +148,7 @@ def test_slo_job_on_the_tiny_model(ws):
         for i, q in enumerate(run["requests"]):
             if not q["rejected"]:
                 assert answers.setdefault(i, q["token_ids"]) == q["token_ids"]
-    assert job(ws, **inputs)["machine"] == r["machine"], "the same inputs come from the job cache"
+    assert ws.job("slo", timeout=180, **inputs)["machine"] == r["machine"], "the same inputs come from the job cache"
 
 
 @pytest.mark.real_model
@@ -167,7 +156,7 @@ def test_served_tokens_are_transformers_greedy_tokens(real_ws, hf_reference, smo
     hf_model, _ = hf_reference
     inputs = {"rate": 8.0, "requests": 6, "seed": 2, "batch_limits": [4], "max_waiting": 2,
               "ttft_ms": 2000.0, "tpot_ms": 500.0, "run": 1}
-    r = job(real_ws, **inputs)
+    r = real_ws.job("slo", timeout=180, **inputs)
     assert r["type"] == "slo", r
     check_job(r, inputs)
     source = smollm_loaded.tokenizer.encode(slo_widget.SOURCE)
