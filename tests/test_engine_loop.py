@@ -193,3 +193,41 @@ def test_a_failing_step_ends_the_requests_in_flight_with_an_error(make_loop, ass
     assert after.error is None and after.finish_reason == "length"
     loop.call(lambda e: None).result(TIMEOUT)
     assert_pool_clean(engine)
+
+
+@pytest.mark.real_model
+def test_a_long_prompt_stalls_other_streams_by_one_chunk_at_most(smollm_loaded):
+    """A 4,000-token prompt arrives while a chat decodes (default settings: chunked prefill,
+    512-token steps). It is prefilled in chunks, the chat gets a token in every one of those
+    steps, and the chat's largest gap between tokens is about one step's time, not the whole
+    prefill's (the classroom's 38-second stall)."""
+    import time
+
+    from core import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineConfig(model="smollm2-135m"), smollm_loaded)
+    engine.warmup()
+    loop = EngineLoop(engine, max_queue=8).start()
+    try:
+        chat = loop.submit("Tell me about lighthouses.", SamplingParams(temperature=0.0, max_tokens=40,
+                                                                         ignore_eos=True))
+        time.sleep(0.5)
+        long_ids = (engine.tokenizer.encode(" the quick brown fox jumps over the lazy dog") * 500)[:4000]
+        long = loop.submit(long_ids, SamplingParams(temperature=0.0, max_tokens=1))
+        long_out = long.result(timeout=600)
+        chat_out = chat.result(timeout=600)
+    finally:
+        loop.shutdown()
+    prefill = [s for s in long_out.metrics.steps if s.kind == "prefill"]
+    budget = engine.config.max_num_batched_tokens
+    assert len(prefill) >= 4000 // budget and all(s.batch_tokens <= budget for s in prefill)
+    chat_steps = {s.step for s in chat_out.metrics.steps}
+    overlap = [s for s in prefill if s.start_time < chat_out.metrics.token_times[-1]]
+    assert len(overlap) >= 3 and all(s.step in chat_steps for s in overlap)    # decoded beside every chunk
+    times = chat_out.metrics.token_times
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    longest_step = max(s.duration_s for s in overlap)
+    print(f"{len(prefill)} chunks, longest step {longest_step * 1000:.0f} ms, chat's largest gap "
+          f"{max(gaps) * 1000:.0f} ms, whole prefill {sum(s.duration_s for s in prefill):.1f} s")
+    assert max(gaps) < 1.5 * longest_step + 0.05
+    assert max(gaps) < 0.5 * sum(s.duration_s for s in prefill)
