@@ -35,6 +35,8 @@ class ServerConfig:
     max_tokens_per_connection: int = 16 * 1024  # prompt tokens of one connection's requests in flight (fair share)
     max_queued_jobs: int = 64             # widget jobs in the runner at once, all clients together
     job_cache_entries: int = 128          # widget results kept by their inputs (a classroom computes once)
+    max_worker_processes: int = 4         # processes the parallelism widgets' jobs may run at once, all jobs together
+    worker_timeout_s: int = 120           # a worker group still running after this long is killed
     # -- what one request may ask --
     max_messages: int = 200               # messages in one chat transcript
     max_tokens_limit: int = 1024          # the most max_tokens a client may ask for

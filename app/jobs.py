@@ -144,6 +144,20 @@ class JobRunner:
                 for sub in [s for s in job.subscribers if s[0] == owner]:
                     del job.subscribers[sub]
 
+    def close(self) -> None:
+        """The server stops: every job ends now (its `finally` runs: worker processes are closed).
+        Called once the engine loop has stopped, so no slice is running."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+            self._queues.clear()
+        for job in jobs:
+            if job.gen is not None:
+                try:
+                    job.gen.close()
+                except Exception:
+                    log.exception("closing job %s failed", job.key[:80])
+
     def stats(self) -> dict:
         with self._lock:
             return {"jobs": len(self._jobs), "cached": len(self._cache), "cache_hits": self.cache_hits,

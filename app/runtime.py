@@ -15,6 +15,7 @@ from flask import Flask, current_app
 
 from core.engine import LLMEngine
 from core.engine_loop import EngineLoop
+from core.workers import ProcessBudget
 
 from .config import ServerConfig
 from .jobs import JobRunner
@@ -29,6 +30,7 @@ class Runtime:
         self.loop = EngineLoop(engine, max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens,
                                side_work=self.jobs)
         self.jobs.attach(self.loop.wake)
+        self.workers = ProcessBudget(config.max_worker_processes)  # the parallelism widgets' processes
         self.loop.start()
         self.info = self.loop.info()
         self._count_lock = threading.Lock()
@@ -90,6 +92,7 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.loop.shutdown()
+        self.jobs.close()   # after the loop: ends every job, and any worker processes with it
 
 
 def init_app(app: Flask, loaded=None) -> Runtime:

@@ -1,0 +1,171 @@
+"""core/workers.py: worker processes in a gloo group, bounded, timed and never left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from core.errors import InvalidParameter
+from core.workers import ProcessBudget, WorkerError, WorkerGroup, WorkerTimeout, start_in_slices, wait_in_slices
+
+
+def add_ranks(rank, world_size, offset):
+    t = torch.tensor([float(rank + offset)])
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": t.item(), "pid": os.getpid(), "nice": os.nice(0)}
+
+
+def fail_on_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    return rank
+
+
+def sleep_long(rank, world_size, seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_every_rank_runs_in_one_group_and_returns_its_result():
+    results = WorkerGroup(add_ranks, 3, (1,), timeout_s=60).run()
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["sum"] == 6.0 for r in results)            # (0+1) + (1+1) + (2+1)
+    assert len({r["pid"] for r in results} | {os.getpid()}) == 4
+    assert all(r["nice"] > os.nice(0) for r in results)      # below the server's priority
+    assert not any(alive(r["pid"]) for r in results)
+
+
+def test_a_failing_worker_raises_with_its_traceback_and_the_rest_are_stopped():
+    group = WorkerGroup(fail_on_one, 2, timeout_s=60)
+    with pytest.raises(WorkerError, match="rank one fails on purpose"):
+        group.run()
+    assert group.procs == []
+
+
+def test_a_group_past_its_deadline_is_killed():
+    group = WorkerGroup(sleep_long, 2, (60,), timeout_s=3)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerTimeout):
+        group.run()
+    assert time.monotonic() - t0 < 15
+    assert group.procs == []
+
+
+def test_close_stops_running_workers_and_frees_the_budget():
+    budget = ProcessBudget(2)
+    group = WorkerGroup(sleep_long, 2, (60,), timeout_s=60, budget=budget)
+    assert group.start()
+    pids = group.pids
+    assert budget.in_use == 2
+    assert not WorkerGroup(sleep_long, 1, (0,), budget=budget).start()   # no room
+    group.close()
+    assert budget.in_use == 0
+    assert not any(alive(p) for p in pids)
+
+
+def test_the_budget_refuses_a_group_larger_than_it_by_name():
+    with pytest.raises(InvalidParameter) as err:
+        WorkerGroup(sleep_long, 3, (0,), budget=ProcessBudget(2)).start()
+    assert err.value.param == "world_size"
+
+
+def test_job_slices_wait_for_room_then_for_the_results_and_never_block_long():
+    budget = ProcessBudget(2)
+    blocker = WorkerGroup(sleep_long, 2, (1,), timeout_s=60, budget=budget)
+    blocker.start()
+    group = WorkerGroup(add_ranks, 2, (0,), timeout_s=60, budget=budget)
+    slices, longest = 0, 0.0
+
+    def job():
+        try:
+            yield from start_in_slices(group, None, poll_s=0.02)
+            return (yield from wait_in_slices(group, None, poll_s=0.02))
+        finally:
+            group.close()
+
+    gen = job()
+    try:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                next(gen)
+            except StopIteration as stop:
+                results = stop.value
+                break
+            finally:
+                longest = max(longest, time.perf_counter() - t0)
+            slices += 1
+            if blocker.procs and blocker.wait(0.0) is not None:
+                blocker.close()          # the first group is done: its room goes to the second
+    finally:
+        blocker.close()
+    assert [r["sum"] for r in results] == [1.0, 1.0]
+    assert slices > 1
+    assert longest < 0.5            # a poll waits 20 ms; starting two spawned processes takes a few
+    assert budget.in_use == 0
+
+
+def test_closing_an_aborted_job_closes_its_workers():
+    group = WorkerGroup(sleep_long, 2, (60,), timeout_s=60)
+
+    def job():
+        try:
+            yield from start_in_slices(group, None)
+            return (yield from wait_in_slices(group, None))
+        finally:
+            group.close()
+
+    gen = job()
+    next(gen)
+    next(gen)
+    pids = group.pids
+    assert pids and all(alive(p) for p in pids)
+    gen.close()                      # what the job runner does to a job nobody waits for
+    assert not any(alive(p) for p in pids)
+
+
+def test_workers_die_with_a_killed_parent():
+    """A SIGKILLed server (no cleanup runs) leaves no worker behind."""
+    here = os.path.dirname(__file__)
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {here!r})
+        from test_workers import sleep_long
+        from core.workers import WorkerGroup
+        g = WorkerGroup(sleep_long, 2, (60,), timeout_s=60)
+        g.start()
+        print(" ".join(map(str, g.pids)), flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(here))
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.stdout.close()
