@@ -37,26 +37,38 @@ def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
     return MIN_GEMM_ROWS // math.gcd(group, MIN_GEMM_ROWS)
 
 
-def attend(q, k, v, mask, blocked=None):
+def attend(q, k, v, mask, blocked=None, mask_from: int = 0):
     """Grouped-query attention with an explicit softmax.
 
     q: (S, Q, H, D) queries; k, v: (S, K, Hkv, D); mask: (S, Q, K) True where query may see key.
-    blocked: the same mask laid out for the scores, (S, 1, G*Q, K) True where a key is hidden,
-    if the caller has it already (paged_attention computes it once per step, not per layer).
+    blocked: the mask laid out for the scores from column `mask_from` on, (S, 1, G*Q, K - mask_from)
+    True where a key is hidden, if the caller has it already (paged_attention makes it once per
+    step, not per layer). Every query sees the keys before `mask_from` (the context before a
+    chunk), so only the columns after it are masked: at a long context that is most of the scores.
     Returns y (S, Q, H, D) and the attention weights (S, H, Q, K). Query head h reads KV head
-    h // (H // Hkv), as in Llama's repeat_kv.
+    h // (H // Hkv), as in Llama's repeat_kv. The 1/sqrt(D) scale is applied to q before the
+    product: for D a power of 4 (64 here) it is a power of two, so the bits are the same as
+    scaling the (much larger) scores.
     """
     S, Q, H, D = q.shape
     Hkv = k.shape[2]
     G = H // Hkv
-    q = q.view(S, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(S, Hkv, G * Q, D)  # rows (g, i)
-    scores = (q @ k.permute(0, 2, 3, 1)) * (1.0 / math.sqrt(D))          # (S, Hkv, G*Q, K)
+    q = (q * (1.0 / math.sqrt(D))).view(S, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(S, Hkv, G * Q, D)
+    scores = q @ k.permute(0, 2, 3, 1)                                   # (S, Hkv, G*Q, K), rows (g, i)
     if blocked is None:
-        blocked = score_mask(mask, G)
-    probs = torch.softmax(scores.masked_fill_(blocked, float("-inf")), dim=-1)
+        mask_from = first_blocked_column(mask)
+        blocked = score_mask(mask[..., mask_from:], G)
+    scores[..., mask_from:].masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
     y = probs @ v.transpose(1, 2)                                        # (S, Hkv, G*Q, D)
     y = y.view(S, Hkv, G, Q, D).permute(0, 3, 1, 2, 4).reshape(S, Q, H, D)
     return y, probs.view(S, H, Q, -1)
+
+
+def first_blocked_column(mask) -> int:
+    """The first key that some query may not see (mask: (S, Q, K)); K if every query sees all."""
+    hidden = (~mask).any(dim=0).any(dim=0).nonzero()
+    return int(hidden[0]) if len(hidden) else mask.shape[-1]
 
 
 def score_mask(mask, G: int):
@@ -87,7 +99,8 @@ class SequenceGroup:
     flat_tokens: torch.Tensor = None   # (S * Q,) token_index flattened
     real_rows: torch.Tensor = None     # (R,) rows of the (S * Q) queries that are real tokens
     real_tokens: torch.Tensor = None   # (R,) their packed index
-    blocked: torch.Tensor = None       # (S, 1, G * Q, K) score mask for attend, made by the first layer
+    blocked: torch.Tensor = None       # (S, 1, G * Q, K - mask_from) score mask for attend, made by the first layer
+    mask_from: int = 0                 # keys before this are seen by every query (see attend)
     in_order: bool = False             # real queries are packed tokens 0..R-1 in order (no scatter)
 
     def __post_init__(self):
@@ -184,8 +197,10 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
         keys = cache.k[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)    # (S, K, Hkv, D)
         values = cache.v[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)
         if g.blocked is None:
-            g.blocked = score_mask(g.mask, H // Hkv)
-        y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask, g.blocked)
+            g.mask_from = first_blocked_column(g.mask)
+            g.blocked = score_mask(g.mask[..., g.mask_from:], H // Hkv)
+        y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask, g.blocked,
+                      g.mask_from)
         rows = y.reshape(S * Q, H, D).index_select(0, g.real_rows)          # (R, H, D)
         if len(batch.groups) == 1 and g.in_order and len(g.real_rows) == q.shape[0]:
             return rows                                   # one group of every token, in order

@@ -60,7 +60,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None      # None: as many as kv_cache_bytes buys
     kv_cache_bytes: int = 1 << 30         # KV pool size when num_kv_blocks is None (1 GiB)
     max_num_seqs: int = 64                # requests running at once (batch slots)
-    max_num_batched_tokens: int = 512     # token budget of one step (prefill chunks + decodes)
+    max_num_batched_tokens: int = 256     # token budget of one step (prefill chunks + decodes)
+    chunk_context_tokens: int = 1024      # a prefill chunk at context c costs 1 + c/this budget tokens per token
+                                          # (attention over c keys; 0: plain token count), see scheduler.py
     max_model_len: int | None = None      # context length; None: the model's own window
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -87,6 +89,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise InvalidParameter(name, f"must be a positive integer, got {value!r}")
+        if not is_int(self.chunk_context_tokens) or self.chunk_context_tokens < 0:
+            raise InvalidParameter("chunk_context_tokens", f"must be a non-negative integer (0: off), "
+                                   f"got {self.chunk_context_tokens!r}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):

@@ -196,11 +196,14 @@ def test_a_failing_step_ends_the_requests_in_flight_with_an_error(make_loop, ass
 
 
 @pytest.mark.real_model
-def test_a_long_prompt_stalls_other_streams_by_one_chunk_at_most(smollm_loaded):
+def test_a_long_prompt_stalls_other_streams_by_about_one_first_chunk(smollm_loaded):
     """A 4,000-token prompt arrives while a chat decodes (default settings: chunked prefill,
-    512-token steps). It is prefilled in chunks, the chat gets a token in every one of those
-    steps, and the chat's largest gap between tokens is about one step's time, not the whole
-    prefill's (the classroom's 38-second stall)."""
+    256-token steps, chunks shrinking with their context). It is prefilled in chunks, the chat
+    gets a token in every one of those steps, and no step takes much longer than the first
+    chunk's: with a budget counted in tokens only, the last chunks (attending to ~3,700 keys)
+    took 3.4 times as long as the first (measured: 1.0 s rising to 3.5 s), and the chat's gaps
+    with them."""
+    import statistics
     import time
 
     from core import EngineConfig, LLMEngine, SamplingParams
@@ -209,12 +212,13 @@ def test_a_long_prompt_stalls_other_streams_by_one_chunk_at_most(smollm_loaded):
     engine.warmup()
     loop = EngineLoop(engine, max_queue=8).start()
     try:
-        chat = loop.submit("Tell me about lighthouses.", SamplingParams(temperature=0.0, max_tokens=40,
+        chat = loop.submit("Tell me about lighthouses.", SamplingParams(temperature=0.0, max_tokens=200,
                                                                          ignore_eos=True))
         time.sleep(0.5)
         long_ids = (engine.tokenizer.encode(" the quick brown fox jumps over the lazy dog") * 500)[:4000]
         long = loop.submit(long_ids, SamplingParams(temperature=0.0, max_tokens=1))
         long_out = long.result(timeout=600)
+        loop.abort(chat.request_id)
         chat_out = chat.result(timeout=600)
     finally:
         loop.shutdown()
@@ -222,12 +226,13 @@ def test_a_long_prompt_stalls_other_streams_by_one_chunk_at_most(smollm_loaded):
     budget = engine.config.max_num_batched_tokens
     assert len(prefill) >= 4000 // budget and all(s.batch_tokens <= budget for s in prefill)
     chat_steps = {s.step for s in chat_out.metrics.steps}
-    overlap = [s for s in prefill if s.start_time < chat_out.metrics.token_times[-1]]
-    assert len(overlap) >= 3 and all(s.step in chat_steps for s in overlap)    # decoded beside every chunk
-    times = chat_out.metrics.token_times
+    assert all(s.step in chat_steps for s in prefill)                         # decoded beside every chunk
+    first = statistics.mean(s.duration_s for s in prefill[:3])
+    last = statistics.mean(s.duration_s for s in prefill[-4:-1])             # the final chunk may be short
+    times = [t for t in chat_out.metrics.token_times
+             if prefill[0].start_time <= t <= prefill[-1].start_time + prefill[-1].duration_s]
     gaps = [b - a for a, b in zip(times, times[1:])]
-    longest_step = max(s.duration_s for s in overlap)
-    print(f"{len(prefill)} chunks, longest step {longest_step * 1000:.0f} ms, chat's largest gap "
-          f"{max(gaps) * 1000:.0f} ms, whole prefill {sum(s.duration_s for s in prefill):.1f} s")
-    assert max(gaps) < 1.5 * longest_step + 0.05
-    assert max(gaps) < 0.5 * sum(s.duration_s for s in prefill)
+    print(f"{len(prefill)} chunks, first three {first * 1000:.0f} ms, last three {last * 1000:.0f} ms, "
+          f"chat's largest gap {max(gaps) * 1000:.0f} ms, whole prefill {sum(s.duration_s for s in prefill):.1f} s")
+    assert last < 1.6 * first
+    assert max(gaps) < 2.0 * first + 0.05

@@ -15,6 +15,7 @@ from core.sequence import Sequence, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, **settings) -> Scheduler:
+    settings.setdefault("chunk_context_tokens", 0)   # budgets in plain tokens, unless a test says
     config = EngineConfig(model="tiny", block_size=block_size, num_kv_blocks=num_blocks, **settings)
     return Scheduler(config, BlockManager(num_blocks, block_size, config.enable_prefix_caching))
 
@@ -219,3 +220,45 @@ def test_every_prompt_token_is_computed_once(budget):
             computed[s.request_id] += n
     # each prompt once, plus one decode per output token but the last (it is never fed back)
     assert computed == {s.request_id: s.num_prompt_tokens + 1 for s in seqs}
+
+
+def test_chunks_deep_in_a_long_prompt_are_smaller_so_every_step_costs_about_the_same():
+    """Each chunk's tokens count 1 + start/chunk_context_tokens: the first chunk is the whole
+    budget, later ones shrink as the context grows, and the budget's cost is never exceeded."""
+    sched = make_scheduler(num_blocks=600, block_size=16, max_num_batched_tokens=256, chunk_context_tokens=1024)
+    seq = make_seq(0, 4000, max_tokens=1)
+    sched.add(seq)
+    starts, sizes = [], []
+    while not seq.is_finished:
+        start = seq.num_computed_tokens
+        out = advance(sched)
+        (s, n), = out.scheduled
+        starts.append(start)
+        sizes.append(n)
+    assert sizes[0] == 256
+    assert sum(sizes) == 4000
+    for start, n in zip(starts[:-1], sizes[:-1]):         # every full chunk: cost within the budget
+        assert n == int(256 / (1 + start / 1024))
+        assert n * (1 + start / 1024) <= 256 + 1
+    assert sizes[-2] < 60                                  # at ~3,900 tokens in: a fifth of the budget
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_decodes_cost_one_token_whatever_their_context():
+    sched = make_scheduler(num_blocks=600, block_size=16, max_num_batched_tokens=8, chunk_context_tokens=64)
+    long = make_seq(0, 1000, max_tokens=20)
+    sched.add(long)
+    while long.num_output_tokens == 0:
+        advance(sched)
+    others = [make_seq(i, 1, max_tokens=20, first_token=5000 * i) for i in range(1, 4)]
+    for s in others:
+        sched.add(s)
+    advance(sched)                                         # their one-token prompts join
+    out = advance(sched)
+    assert sorted(n for _, n in out.scheduled) == [1, 1, 1, 1]   # four decodes fit a budget of 8
+
+
+def test_chunk_context_tokens_is_validated_by_name():
+    with pytest.raises(Exception) as err:
+        EngineConfig(model="tiny", chunk_context_tokens=-1)
+    assert err.value.param == "chunk_context_tokens"

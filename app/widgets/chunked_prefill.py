@@ -14,7 +14,9 @@ scheduler, prefix caching off), one engine step per slice:
 2. the long prompt (`prompt_tokens` tokens of prose) arrives;
 3. stepping continues until it has its first token and AFTER_STEPS more decode steps have run.
 Run "unchunked" has a token budget of prompt + decoders (the whole prompt fits one step); run
-"chunked" has the reader's `budget`. Each decoder's ITLs come from its own token times
+"chunked" has the reader's `budget`, counted in plain tokens as in Sarathi-Serve (the serving
+engine also shrinks chunks deep into a long prompt, `chunk_context_tokens`; at these prompt
+lengths that would blur the picture without changing it). Each decoder's ITLs come from its own token times
 (RequestOutput.metrics), each step's token counts from the engine's step trace.
 
 Message: `chunked-prefill` {decoders, prompt_tokens, budget, run} -> a job (cached by its inputs;
@@ -86,7 +88,8 @@ def run_scenario(engine, decoders: int, prompt_tokens: int, step_budget: int, ch
     tokens_each = DECODER_PROMPT + WARM_STEPS + AFTER_STEPS + prompt_tokens + 8   # room to decode throughout
     blocks = decoders * -(-tokens_each // block) + -(-(prompt_tokens + 2) // block) + 2
     exp = engine.sibling(num_kv_blocks=blocks, max_num_seqs=decoders + 1, max_num_batched_tokens=step_budget,
-                         enable_chunked_prefill=chunked, enable_prefix_caching=False)
+                         enable_chunked_prefill=chunked, enable_prefix_caching=False,
+                         chunk_context_tokens=0)   # the textbook budget in tokens (the server also weighs context)
     params = SamplingParams(temperature=0.0, max_tokens=tokens_each - DECODER_PROMPT, ignore_eos=True)
     warm = exp.add_request(prompt_ids(exp.tokenizer, 4), SamplingParams(temperature=0.0, max_tokens=2))
     while not warm.is_finished:              # first calls pay setup: not part of the measurement

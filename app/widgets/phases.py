@@ -89,7 +89,7 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
     block = engine.config.block_size
     exp = engine.sibling(num_kv_blocks=-(-(max_prompt + decode_tokens + 1) // block) + 1, max_num_seqs=1,
                          max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
-                         enable_chunked_prefill=True)
+                         enable_chunked_prefill=True, chunk_context_tokens=0)   # CHUNK_TOKENS every step
     yield Progress(0, total, "a fresh engine beside the serving one")
     for _ in run_request(exp, prompt_ids(exp.tokenizer, 16), 1):   # warm-up: first calls pay setup
         yield None
