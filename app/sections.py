@@ -166,7 +166,9 @@ SECTIONS: tuple[Section, ...] = (
              "latency covers the whole request: about TTFT plus one TPOT for each further token.",
              "The widget times the engine on this server, so its numbers depend on the machine and on what else "
              "it is doing. The shape is what carries over: prefill time rises with prompt length, while decode "
-             "steps stay nearly flat, growing only slowly as each step reads a longer cache.")),
+             "steps stay nearly flat, growing only slowly as each step reads a longer cache. The [benchmark "
+             "page](/benchmark) has the same two phases measured for this engine against Hugging Face "
+             "transformers and llama.cpp, on the project's own machine.")),
     Section(9, "kv-cache", "The KV cache", ("kv-cache",), ("measured", "computed"),
             "Generating N tokens with and without the KV cache, timed on this server: without it each step "
             "recomputes the whole sequence, a growing triangle of work; with it each step computes one token; "
@@ -228,7 +230,9 @@ SECTIONS: tuple[Section, ...] = (
              "A roofline explains the curve: the attainable speed is the lesser of the peak arithmetic rate "
              "(FLOP/s, floating-point operations per second) and the memory bandwidth times the arithmetic "
              "intensity. Where the two limits meet depends on the hardware; GPUs, whose arithmetic far outpaces "
-             "their memory, usually need many more rows to get there than a CPU does.")),
+             "their memory, usually need many more rows to get there than a CPU does. The [benchmark "
+             "page](/benchmark) shows how close this engine's decode comes to its bandwidth limit, and its "
+             "speed at 8, 32 and 64 requests at once.")),
     Section(13, "throughput-latency", "Throughput against latency", ("throughput-latency",), ("measured",),
             "The real engine under generated load at several arrival rates and batch limits, each run plotted as "
             "throughput against the median and 99th-percentile TTFT and TPOT.",
