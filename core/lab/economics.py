@@ -23,6 +23,12 @@ The model, step by step (every formula is shown beside its number on the economi
   and microbatches (1, 2, 4 ... 64): cost per million tokens = GPUs x price per hour /
   (tokens per second x 3600) x 1e6.
 
+Sources: the roofline paper above; the ring all-reduce's cost (Patarasuk & Yuan 2009, "Bandwidth
+optimal all-reduce algorithms for clusters of workstations", as NCCL runs it); GPipe (Huang et al.
+2019) for the bubble; the default hardware from NVIDIA's H100 SXM datasheet (80 GB HBM3 at 3.35 TB/s,
+989 dense bf16 and 1,979 fp8 TFLOP/s, NVLink 900 GB/s both ways) and 400 Gb/s InfiniBand per GPU,
+with an assumed price; the model shapes from their public configs (static/data/models.json).
+
 Not modelled: kernel efficiency below the roofline, overlap of communication with compute, uneven
 routing, prefill, and the queueing of real traffic. The numbers are upper bounds on speed and lower
 bounds on cost, good for comparing the two models, not for quoting prices.

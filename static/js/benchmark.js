@@ -10,7 +10,13 @@ const COLORS = {
   "transformers fp32": "#f0b27a", "transformers bf16": "#d9822b", "llama.cpp Q4_1": "#1d7a4f",
 };
 const AXIS_FONT = { size: 10 };
-const LEGEND = { orientation: "h", y: 1.18, x: 0, font: { size: 10 } };
+const LEGEND = { orientation: "h", yanchor: "bottom", y: 1.02, x: 0, font: { size: 10 } };
+
+// Room above the plot for a legend of `entries` items, which wraps on a narrow screen.
+function top(node, entries) {
+  const perRow = Math.max(1, Math.floor(node.clientWidth / 150));
+  return 16 + 22 * Math.ceil(entries / perRow);
+}
 
 const byScenario = (view, rows, scenario) => rows.find((r) => r.scenario === scenario);
 
@@ -28,7 +34,8 @@ function decodeChart(view, node) {
   if (limited.length) traces.push({ type: "scatter", mode: "markers", name: "bandwidth limit", x: limited, y: limited.map((n) => limits[n]),
     marker: { symbol: "line-ew-open", size: 28, color: "#1d1f23", line: { width: 2, color: "#1d1f23" } }, hovertemplate: "%{x}: at most %{y:.0f} tok/s<extra></extra>" });
   return plot(node, traces, {
-    height: 300, barmode: "group", showlegend: true, legend: LEGEND, margin: { t: 36, b: 70, l: 52 },
+    height: 300 + top(node, traces.length), barmode: "group", showlegend: true, legend: LEGEND,
+    margin: { t: top(node, traces.length), b: 70, l: 52 },
     xaxis: { tickfont: { size: 9 }, automargin: true },
     yaxis: { title: { text: "decode, tokens per second", font: AXIS_FONT }, rangemode: "tozero" },
   });
@@ -42,7 +49,8 @@ function prefillChart(view, node) {
     .map(([row, label, color]) => ({ type: "bar", name: label, x: names, y: row.cells.map((c) => c.value),
       marker: { color }, hovertemplate: `%{x}: %{y:.0f} tok/s, ${label}<extra></extra>` }));
   return plot(node, traces, {
-    height: 300, barmode: "group", showlegend: true, legend: LEGEND, margin: { t: 36, b: 70, l: 52 },
+    height: 300 + top(node, traces.length), barmode: "group", showlegend: true, legend: LEGEND,
+    margin: { t: top(node, traces.length), b: 70, l: 52 },
     xaxis: { tickfont: { size: 9 }, automargin: true },
     yaxis: { title: { text: "prefill, prompt tokens per second", font: AXIS_FONT }, rangemode: "tozero" },
   });
@@ -60,7 +68,7 @@ function serveChart(view, node) {
     line: { color: COLORS[t.name], width: 2 }, marker: { color: COLORS[t.name], size: 7 },
     hovertemplate: `${t.name}: %{x} requests, %{y:.0f} tok/s<extra></extra>` }));
   return plot(node, traces, {
-    height: 300, showlegend: true, legend: LEGEND, margin: { t: 48, b: 44, l: 52 },
+    height: 300 + top(node, traces.length), showlegend: true, legend: LEGEND, margin: { t: top(node, traces.length), b: 44, l: 52 },
     xaxis: { title: { text: "requests at once", font: AXIS_FONT }, tickvals: view.serve.map((r) => r.n) },
     yaxis: { title: { text: "output tokens per second, all", font: AXIS_FONT }, rangemode: "tozero" },
   });
@@ -80,7 +88,8 @@ function latencyChart(view, node) {
   }
   const ticks = view.serve.map((r) => r.n);
   return plot(node, traces, {
-    height: 320, showlegend: true, legend: LEGEND, margin: { t: 64, b: 44, l: 52, r: 12 },
+    height: 300 + top(node, view.systems.length), showlegend: true, legend: LEGEND,
+    margin: { t: top(node, view.systems.length), b: 44, l: 52, r: 12 },
     xaxis: { domain: [0, 0.44], tickvals: ticks, title: { text: "requests (solid p50, dotted p99)", font: AXIS_FONT } },
     yaxis: { title: { text: "TTFT (s)", font: AXIS_FONT }, rangemode: "tozero" },
     xaxis2: { domain: [0.58, 1], tickvals: ticks, anchor: "y2", title: { text: "requests", font: AXIS_FONT } },
@@ -98,7 +107,7 @@ function targetsChart(view, node) {
     { type: "scatter", mode: "markers", name: "goal", y: labels, x: rows.map((t) => t.goal),
       marker: { symbol: "line-ns-open", size: 18, color: "#1d1f23", line: { width: 2.5, color: "#1d1f23" } }, hovertemplate: "goal %{x}x<extra></extra>" },
   ], {
-    height: 60 + 34 * rows.length, showlegend: true, legend: LEGEND, margin: { t: 36, b: 40, l: 10, r: 12 },
+    height: 60 + 34 * rows.length + top(node, 2), showlegend: true, legend: LEGEND, margin: { t: top(node, 2), b: 40, l: 10, r: 12 },
     xaxis: { title: { text: "ratio (1x = as fast as the peer or the limit)", font: AXIS_FONT }, rangemode: "tozero" },
     yaxis: { autorange: "reversed", automargin: true, tickfont: { size: 10 } },
   });

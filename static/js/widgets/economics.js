@@ -116,9 +116,10 @@ export function mount(root, ctx) {
       type: "scatter", mode: "markers", name: `${fmtNum(b)} users`, x: [b, b], y: [at.dense.cost_per_mtok, at.moe.cost_per_mtok],
       marker: { size: 11, color: "rgba(0,0,0,0)", line: { color: "#1d1f23", width: 1.5 } }, hoverinfo: "skip",
     };
+    const narrow = chart.clientWidth < 520;        // the legend wraps: give it room above the plot
     await plot(chart, [trace(r, "dense"), trace(r, "moe"), mark], {
-      height: 300, showlegend: true, legend: { orientation: "h", y: 1.14, x: 0, font: { size: 10 } },
-      margin: { t: 28, b: 44, l: 58 },
+      height: narrow ? 340 : 300, showlegend: true, legend: { orientation: "h", yanchor: "bottom", y: 1.02, x: 0, font: { size: 10 } },
+      margin: { t: narrow ? 70 : 28, b: 44, l: 58 },
       xaxis: { type: "log", dtick: 1, tickformat: ",~g", title: { text: "concurrent users (sequences decoding together)", font: { size: 10 } } },
       yaxis: { type: "log", tickmode: "array", tickvals: COST_TICKS, tickformat: "$~g", title: { text: "$ per million output tokens", font: { size: 10 } } },
     });
