@@ -4,7 +4,7 @@
 
 Flask's application-factory pattern: the factory builds the config, starts the one engine
 (runtime.init_app) and registers the blueprints: pages (/ and /healthz), embeds (/embed/<name>),
-live (/ws) and assets (/vendor/...).
+live (/ws), assets (/vendor/...) and benchmark (/benchmark).
 """
 
 from pathlib import Path
@@ -27,7 +27,7 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     # come from our own writer thread (live.py): the library's would race our frames.
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": None, "max_message_size": 16 * cfg.max_message_bytes}
 
-    from . import assets, embeds, live, pages, runtime, security
+    from . import assets, benchmark, embeds, live, pages, runtime, security
 
     runtime.init_app(app, loaded)
     security.init_app(app, cfg)
@@ -35,6 +35,7 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     app.register_blueprint(embeds.bp)
     app.register_blueprint(live.bp)
     app.register_blueprint(assets.bp)
+    app.register_blueprint(benchmark.bp)
     live.sock.init_app(app)
 
     from .sections import BADGES, facts
@@ -47,15 +48,16 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
 
 
 def inline_links(text: str):
-    """Escape prose and turn [words](#slug) into links to sections of the page."""
+    """Escape prose and turn [words](#slug) into links to sections of the page, and [words](/path)
+    into links to another page of this site (never //host, which would leave it)."""
     import re
 
     from markupsafe import Markup, escape
 
     out, last = [], 0
-    for m in re.finditer(r"\[([^\]]+)\]\(#([a-z0-9-]+)\)", text):
+    for m in re.finditer(r"\[([^\]]+)\]\((#[a-z0-9-]+|/(?!/)[a-z0-9/-]*)\)", text):
         out.append(escape(text[last:m.start()]))
-        out.append(Markup('<a href="#{}">{}</a>').format(m.group(2), m.group(1)))
+        out.append(Markup('<a href="{}">{}</a>').format(m.group(2), m.group(1)))
         last = m.end()
     out.append(escape(text[last:]))
     return Markup("").join(out)

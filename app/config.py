@@ -46,6 +46,8 @@ class ServerConfig:
     trusted_hosts: str = ""               # extra Host names (space-separated) besides localhost forms and this machine's
     allowed_origins: str = ""             # extra page origins (space-separated) that may open the websocket
     frame_ancestors: str = "*"            # who may put /embed/ pages in an iframe (CSP)
+    # -- pages --
+    bench_results: str = "bench/results/latest.json"  # the benchmark's JSON shown at /benchmark (relative: to the project root)
     testing: bool = False
 
     def __post_init__(self):

@@ -166,7 +166,9 @@ SECTIONS: tuple[Section, ...] = (
              "latency covers the whole request: about TTFT plus one TPOT for each further token.",
              "The widget times the engine on this server, so its numbers depend on the machine and on what else "
              "it is doing. The shape is what carries over: prefill time rises with prompt length, while decode "
-             "steps stay nearly flat, growing only slowly as each step reads a longer cache.")),
+             "steps stay nearly flat, growing only slowly as each step reads a longer cache. The [benchmark "
+             "page](/benchmark) has the same two phases measured for this engine against Hugging Face "
+             "transformers and llama.cpp, on the project's own machine.")),
     Section(9, "kv-cache", "The KV cache", ("kv-cache",), ("measured", "computed"),
             "Generating N tokens with and without the KV cache, timed on this server: without it each step "
             "recomputes the whole sequence, a growing triangle of work; with it each step computes one token; "
@@ -228,7 +230,9 @@ SECTIONS: tuple[Section, ...] = (
              "A roofline explains the curve: the attainable speed is the lesser of the peak arithmetic rate "
              "(FLOP/s, floating-point operations per second) and the memory bandwidth times the arithmetic "
              "intensity. Where the two limits meet depends on the hardware; GPUs, whose arithmetic far outpaces "
-             "their memory, usually need many more rows to get there than a CPU does.")),
+             "their memory, usually need many more rows to get there than a CPU does. The [benchmark "
+             "page](/benchmark) shows how close this engine's decode comes to its bandwidth limit, and its "
+             "speed at 8, 32 and 64 requests at once.")),
     Section(13, "throughput-latency", "Throughput against latency", ("throughput-latency",), ("measured",),
             "The real engine under generated load at several arrival rates and batch limits, each run plotted as "
             "throughput against the median and 99th-percentile TTFT and TPOT.",
@@ -379,24 +383,31 @@ SECTIONS: tuple[Section, ...] = (
              "tokens per second for its money.")),
     Section(22, "economics", "Why a giant MoE is cheap at scale and dear for one user",
             ("economics",), ("computed", "simulated"),
-            "Cost per token against the number of concurrent users for a dense model and a DeepSeek-V3-like "
-            "mixture of experts (671B parameters, 37B active per token), computed from stated hardware figures.",
+            "Cost per million output tokens against the number of concurrent users for a dense model and a "
+            "DeepSeek-V3-like mixture of experts (671B parameters, 37B active per token), from hardware figures you "
+            "can edit; one decode step taken apart formula by formula, and the GPUs each model needs.",
             ("Cost per token is the price of the machines per second divided by the tokens they produce per "
-             "second. In decode at small batch, a step's time is set by reading weights from memory, and it is "
-             "nearly the same whether the step serves one user or many. Adding users spreads a fixed cost over "
-             "more tokens, until arithmetic becomes the limit.",
-             "DeepSeek-V3 has 671 billion parameters, of which 37 billion are active for any one token. At scale "
-             "its arithmetic per token is like that of a 37-billion-parameter dense model, while it draws on far "
-             "more stored weights. But all 671 billion must sit in fast memory, which takes many GPUs, and those "
-             "are paid for whether or not users keep them busy.",
-             "For one user the picture turns. Each step reads only the experts that user's token chose, so it is "
-             "quick, but a whole cluster serves a trickle of tokens. As users are added, more experts are read "
-             "per step and each sees more tokens. Since each expert gets only one token in 32 of the batch, the "
-             "cost reaches its floor only at far more users than a dense model of the active size needs.",
-             "The widget computes these curves from stated hardware figures: memory bandwidth, arithmetic rate, "
-             "price per GPU-hour, how many GPUs each model needs, and the pipeline bubbles and expert exchanges "
-             "between them. They are simulated, since we do not have such machines; every assumption is shown "
-             "beside the chart.")),
+             "second. A decode step gives every user one token and must read the weights those tokens use, plus "
+             "each user's KV cache. With few users the reading sets the time, and it hardly changes with the "
+             "number of users, so each added user spreads the same cost further, until the growing KV cache or "
+             "the arithmetic takes over.",
+             "DeepSeek-V3 has 671 billion parameters in 61 layers. In 58 of them the MLP is 256 routed experts "
+             "plus one shared, and each token picks 8, so about 37 billion parameters work on any one token. But "
+             "all 671 billion must sit in GPU memory: about ten GPUs of 80 GB at one byte per weight, deployed as "
+             "two nodes of eight, paid for whether users keep them busy or not. On the widget's default hardware "
+             "one user's tokens cost about twice those of a dense 70-billion-parameter model on a single GPU.",
+             "Adding users does not help the MoE as quickly. A batch of B tokens reaches 256 × (1 - (1 - 8/256)^B) "
+             "experts in each layer: 64 users already touch about 222 of the 256, so a step reads most of the "
+             "weights, yet each expert sees only 64 × 8 / 256 = 2 tokens, a thin matrix again. Only with "
+             "thousands of users is every expert busy; there the MoE's tokens cost about what the 70-billion "
+             "model's do, for a model ten times larger, helped by its small latent KV cache (70 KB per token "
+             "against 328 KB).",
+             "A model that spans nodes is cut into pipeline stages, one per node. With p stages and m "
+             "microbatches in flight, (p - 1) / (m + p - 1) of the time is idle: two stages with one microbatch "
+             "idle half the time, and each extra microbatch reads the weights again. The widget prices every point "
+             "on its cheapest mix of replicas and microbatches, from hardware figures you can edit (an H100-like "
+             "GPU by default, assumed). These are simulated rooflines: upper bounds on speed, good for comparing "
+             "the two models, not for quoting prices. Every formula and assumption is shown beside its number.")),
     Section(23, "mental-model", "The mental model to keep", (), (),
             "A summary of the walkthrough and its main nuances, each linked to the section whose widget shows "
             "it.",

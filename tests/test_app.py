@@ -207,13 +207,17 @@ def test_index_has_a_table_of_contents(index):
     assert [a.text().strip() for a in links] == [title for _, title, _ in OUTLINE]
 
 
-def test_index_prose_links_point_at_sections(index):
+def test_index_prose_links_point_at_sections(index, client):
     _, doc = index
     anchors = {s.slug for s in SECTIONS}
     links = [a for sec in doc.find("main").find_all("section") for a in sec.find_all("a")]
     assert links, "the prose links sections to each other"
     for a in links:
-        assert a.attrs["href"].lstrip("#") in anchors, a.attrs["href"]
+        href = a.attrs["href"]
+        if href.startswith("/"):                         # another page of this site (the benchmark)
+            assert client.get(href).status_code == 200, href
+        else:
+            assert href.lstrip("#") in anchors, href
     assert "[" not in "".join(p.text() for p in doc.find_all("div", class_="prose")).replace("[0]", "")
 
 
@@ -459,6 +463,11 @@ def test_inline_links_makes_section_links():
     assert str(out) == 'See <a href="#kv-cache">the KV cache</a> and <a href="#tokenizer">tokens</a>.'
 
 
+def test_inline_links_makes_links_to_pages_of_this_site():
+    out = inline_links("See [the benchmark](/benchmark) and [the KV cache](#kv-cache).")
+    assert str(out) == 'See <a href="/benchmark">the benchmark</a> and <a href="#kv-cache">the KV cache</a>.'
+
+
 def test_inline_links_escapes_inside_and_around_links():
     out = str(inline_links('<i>[<img src=x onerror=alert(1)>](#chat)</i>'))
     assert "<img" not in out and "<i>" not in out
@@ -470,6 +479,10 @@ def test_inline_links_escapes_inside_and_around_links():
     '[x](#a" onmouseover="alert(1))',
     "[x](#UPPER)",
     "[x](http://example.com)",
+    "[x](//example.com)",
+    "[x](//evil)",
+    "[x](/Upper)",
+    '[x](/a" onclick="alert(1))',
 ])
 def test_inline_links_only_link_section_slugs(text):
     out = str(inline_links(text))

@@ -7,8 +7,8 @@ WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the
 this list.
 """
 
-from . import (attention, batching, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache,
-               kv_memory, paging, phases, positions, prefix_cache, slo, throughput_latency, tokenizer)
+from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
+               kv_cache, kv_memory, paging, phases, positions, prefix_cache, slo, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -28,6 +28,7 @@ WIDGETS = [
     chunked_prefill.WIDGET,
     prefix_cache.WIDGET,
     slo.WIDGET,
+    economics.WIDGET,
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}

@@ -6,29 +6,15 @@
 import { el, field, select, setState } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtBytes, fmtNum } from "../lib/format.js";
+import MODELS from "../../data/models.json" with { type: "json" };
 
-// From each model's config.json on the Hugging Face Hub. head = hidden_size / num_attention_heads
-// unless the config says head_dim. MLA (DeepSeek-V2/V3) caches kv_lora_rank + qk_rope_head_dim
-// values per layer and token instead of K and V per head.
-export const PRESETS = {
-  // HuggingFaceTB/SmolLM2-135M-Instruct: num_hidden_layers 30, num_attention_heads 9,
-  // num_key_value_heads 3, hidden_size 576 -> head 64, max_position_embeddings 8192
-  "smollm2-135m": { label: "SmolLM2-135M", layers: 30, heads: 9, kvHeads: 3, head: 64, window: 8192 },
-  // meta-llama/Llama-3.1-8B: num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8,
-  // hidden_size 4096 -> head 128, max_position_embeddings 131072
-  "llama-3.1-8b": { label: "Llama-3.1-8B", layers: 32, heads: 32, kvHeads: 8, head: 128, window: 131072 },
-  // meta-llama/Llama-3.1-70B: num_hidden_layers 80, num_attention_heads 64, num_key_value_heads 8,
-  // hidden_size 8192 -> head 128, max_position_embeddings 131072
-  "llama-3.1-70b": { label: "Llama-3.1-70B", layers: 80, heads: 64, kvHeads: 8, head: 128, window: 131072 },
-  // mistralai/Mixtral-8x7B-v0.1: num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8,
-  // hidden_size 4096 -> head 128, max_position_embeddings 32768
-  "mixtral-8x7b": { label: "Mixtral-8x7B", layers: 32, heads: 32, kvHeads: 8, head: 128, window: 32768 },
-  // deepseek-ai/DeepSeek-V3: num_hidden_layers 61, num_attention_heads 128, kv_lora_rank 512,
-  // qk_rope_head_dim 64, v_head_dim 128, max_position_embeddings 163840
-  "deepseek-v3": { label: "DeepSeek-V3", layers: 61, heads: 128, kvHeads: 128, head: 128, window: 163840, mla: { latent: 512, rope: 64 } },
-};
+// The presets, from each model's public config.json (static/data/models.json, with each source):
+// one file that this calculator, the economics widget and its server side (app/widgets/kv_memory.py)
+// all read. MLA (DeepSeek-V2/V3) caches kv_lora_rank + qk_rope_head_dim values per layer and token
+// instead of K and V per head.
+export const PRESETS = MODELS.presets;
 
-export const DTYPES = { fp32: 4, bf16: 2, fp8: 1, int4: 0.5 };
+export const DTYPES = MODELS.dtypes;
 
 const OPTIONS = {
   preset: { type: "string", default: "smollm2-135m", choices: Object.keys(PRESETS) },

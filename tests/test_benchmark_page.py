@@ -1,0 +1,212 @@
+"""/benchmark: the latest `python -m bench` results as a page. Every number on it is checked against
+the JSON itself (the file in the repository is a real run); a missing or broken file gives a page
+that says how to make one, never a server error."""
+
+import json
+import re
+from datetime import date
+from html.parser import HTMLParser
+
+import pytest
+
+from app import ROOT, create_app
+from bench import report
+
+LATEST = ROOT / "bench" / "results" / "latest.json"
+SETTINGS = {"model": "tiny", "num_kv_blocks": 16, "testing": True}
+
+
+class Figures(HTMLParser):
+    """data-figure -> data-value of every element, and the page's text."""
+
+    def __init__(self):
+        super().__init__()
+        self.values: dict[str, float] = {}
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-figure" in a:
+            assert a["data-figure"] not in self.values, f"figure {a['data-figure']} twice"
+            self.values[a["data-figure"]] = float(a["data-value"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def figures(html: str) -> Figures:
+    f = Figures()
+    f.feed(html)
+    return f
+
+
+@pytest.fixture(scope="module")
+def app(tiny_loaded):
+    app = create_app(SETTINGS, loaded=tiny_loaded)
+    yield app
+    app.extensions["sendlens"].shutdown()
+
+
+@pytest.fixture
+def showing(app, monkeypatch):
+    """Point the bench_results setting at a path for one test; returns a GET of /benchmark."""
+    def show(path):
+        monkeypatch.setattr(app.config["SENDLENS"], "bench_results", str(path))
+        return app.test_client().get("/benchmark")
+    return show
+
+
+def slug(system: str) -> str:
+    return re.sub(r"[^a-z0-9]", "_", system.lower())
+
+
+def expected(data: dict) -> dict:
+    """Every figure the page must show, computed here from the JSON."""
+    out = {}
+    for scenario, systems in data["results"].items():
+        for system, entry in systems.items():
+            median = entry["median"]
+            key = f"{scenario}.{slug(system)}"
+            if isinstance(median, dict):
+                out[key] = median["output_tok_s"]
+                for metric in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+                    out[f"{key}.{metric}"] = median[metric]
+            else:
+                out[key] = median
+    for name, value in data["limits"].items():
+        out[f"limits.{name}"] = value
+    for system, nbytes in data["weight_bytes_per_token"].items():
+        out[f"weight_bytes.{slug(system)}"] = nbytes
+        out[f"decode_limit.{slug(system)}"] = data["limits"]["memory_bandwidth_gb_s"] * 1e9 / nbytes
+    for i, t in enumerate(data["targets"]):
+        if t["measured"] is not None:                    # not measured: a dash, no figure
+            out[f"target.{i}"] = t["measured"]
+        out[f"target.{i}.goal"] = t["goal"]
+    return out
+
+
+def test_the_page_shows_every_number_of_the_latest_run(showing):
+    data = json.loads(LATEST.read_text())
+    resp = showing("bench/results/latest.json")             # the default, relative to the project root
+    assert resp.status_code == 200
+    page = figures(resp.get_data(as_text=True))
+    want = expected(data)
+    assert set(page.values) == set(want)
+    for key, value in want.items():
+        assert page.values[key] == pytest.approx(value, rel=1e-12), key
+    # spot checks against the README's table of the same run
+    assert round(page.values["decode_1.ours_q4_1"], 1) == 38.0
+    assert round(page.values["serve_64.ours_bf16"]) == 175
+    text = " ".join(page.text)
+    # the badge names the machine and the date of the run, not today's
+    m = data["machine"]
+    assert f"measured on {m['cpu']} ({m['cores']} cores, {m['threads']} threads), {data['date'][:10]}" in text
+    if data["date"][:10] != date.today().isoformat():
+        assert date.today().isoformat() not in text
+    for t in data["targets"]:
+        assert t["target"] in text and t["how"] in text
+
+
+def test_an_absolute_path_and_a_file_without_targets(showing, tmp_path):
+    data = json.loads(LATEST.read_text())
+    stored = data.pop("targets")
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    page = figures(showing(path).get_data(as_text=True))
+    computed = report.targets(data)                       # where bench/report.py takes them from
+    assert [page.values[f"target.{i}"] for i in range(len(computed))] == pytest.approx([t["measured"] for t in stored])
+    assert [page.values[f"target.{i}.goal"] for i in range(len(computed))] == [t["goal"] for t in computed]
+
+
+def test_a_quick_run_shows_what_it_measured(showing, tmp_path):
+    data = json.loads(LATEST.read_text())
+    data["quick"] = True
+    for scenario in ("serve_32", "prefill_4096"):
+        del data["results"][scenario]
+    data["targets"] = report.targets(data)
+    path = tmp_path / "quick.json"
+    path.write_text(json.dumps(data))
+    resp = showing(path)
+    assert resp.status_code == 200
+    page = figures(resp.get_data(as_text=True))
+    assert set(page.values) == set(expected(data))
+    assert not any(k.startswith(("serve_32", "prefill_4096")) for k in page.values)
+    text = " ".join(" ".join(page.text).split())
+    assert "8, 64 requests" in text and "generating 16 tokens" in text and "generating 32 tokens after" in text
+
+
+def test_the_page_describes_the_run_as_the_benchmark_plans_it():
+    from types import SimpleNamespace
+
+    from bench.__main__ import plan
+    from app.benchmark import view
+    data = json.loads(LATEST.read_text())
+    for quick in (False, True):
+        scenarios = {s["name"]: s for s in plan(SimpleNamespace(quick=quick, rounds=3))}
+        v = view({**data, "quick": quick})
+        assert v["decode_tokens"] == scenarios["decode_1"]["args"][1]
+        assert v["serve_tokens"] == scenarios["serve_8"]["args"][1]
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "there is no file"),
+    ("{not json", "could not be read as JSON"),
+    ("[1, 2]", "holds no JSON object"),
+    ('{"date": "2026-11-30"}', "lacks machine, limits, results"),
+    ('{"date": "2026-11-30", "machine": {}, "limits": {}, "results": {}}', "do not have the shape"),
+    ('{"date": "2026-11-30", "machine": {"cpu": "x", "cores": 2, "threads": 2, "torch": "2", "load_before": [1],'
+     ' "load_after": [1]}, "limits": {"memory_bandwidth_gb_s": 1}, "results": {"decode_1": {"ours fp32": '
+     '{"median": "fast"}}}, "weight_bytes_per_token": {}}', "do not have the shape"),
+])
+def test_a_missing_or_broken_file_gives_a_page_saying_how_to_make_one(showing, tmp_path, content, why):
+    path = tmp_path / "latest.json"
+    if content is not None:
+        path.write_text(content)
+    resp = showing(path)
+    assert resp.status_code == 404
+    html = resp.get_data(as_text=True)
+    assert why in html and "make bench" in html and "python -m bench" in html and "bench_results" in html
+    assert str(path) in html
+    assert "data-figure" not in html and 'data-state="error"' in html
+
+
+def test_the_walkthrough_and_the_readme_link_the_page(app):
+    html = app.test_client().get("/").get_data(as_text=True)
+    for slug_ in ("phases", "gemm"):
+        section = html.split(f'<section id="{slug_}"', 1)[1].split("</section>", 1)[0]
+        assert 'href="/benchmark"' in section, slug_
+    footer = html.split('<footer class="site-footer">', 1)[1]
+    assert 'href="/benchmark"' in footer
+    readme = (ROOT / "README.md").read_text()
+    bench_section = readme.split("## Speed: the benchmark", 1)[1].split("\n## ", 1)[0]
+    assert "/benchmark" in bench_section
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_the_benchmark_page_in_a_browser(pg, artifacts_dir):
+    data = json.loads(LATEST.read_text())
+    page = pg.page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    pg.goto("/benchmark")
+    page.wait_for_selector('main.bench[data-state="ready"]', timeout=60_000)
+    page.screenshot(path=str(artifacts_dir / "benchmark-1280.png"), full_page=True)
+    shown = dict(page.eval_on_selector_all("[data-figure]", "els => els.map(e => [e.dataset.figure, Number(e.dataset.value)])"))
+    want = expected(data)
+    assert set(shown) == set(want)
+    for key, value in want.items():
+        assert shown[key] == pytest.approx(value, rel=1e-12), key
+    for chart in ("decode", "prefill", "serve", "latency", "targets"):
+        assert page.locator(f"#chart-{chart} .main-svg").count() >= 1, chart
+    # the decode chart draws the medians of the JSON, system by system
+    ys = page.evaluate("() => document.getElementById('chart-decode').data[0].y")
+    systems = [s for s in report.OURS + report.PEERS if any(s in r for r in data["results"].values())]
+    assert ys == pytest.approx([data["results"]["decode_1"][s]["median"] for s in systems])
+    pg.assert_clean()
+    page.set_viewport_size({"width": 390, "height": 844})
+    pg.goto("/benchmark")
+    page.wait_for_selector('main.bench[data-state="ready"]', timeout=60_000)
+    page.screenshot(path=str(artifacts_dir / "benchmark-phone-390.png"), full_page=True)
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the benchmark page scrolls sideways by {overflow}px on a phone"
+    pg.assert_clean()
