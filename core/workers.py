@@ -21,6 +21,7 @@ Bounded and always cleaned up, because a web page starts these:
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -118,6 +119,7 @@ class WorkerGroup:
         while len(self.results) < self.world_size:
             if self._queue is not None and not self._queue.empty():
                 rank, ok, value = self._queue.get()
+                value = pickle.loads(value) if ok else value
                 if not ok:
                     self.close()
                     raise WorkerError(f"worker {rank} of {self.world_size} failed:\n{value}")
@@ -196,7 +198,9 @@ def _worker_main(rank, world_size, init_method, timeout_s, threads, parent_pid, 
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
-            results.put((rank, True, target(rank, world_size, *args)))
+            # Plain pickle, by value: multiprocessing's own pickler would share a tensor's memory
+            # through this process, which may have exited before the parent reads it.
+            results.put((rank, True, pickle.dumps(target(rank, world_size, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:

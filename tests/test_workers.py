@@ -21,6 +21,10 @@ def add_ranks(rank, world_size, offset):
     return {"rank": rank, "sum": t.item(), "pid": os.getpid(), "nice": os.nice(0)}
 
 
+def return_a_tensor(rank, world_size):
+    return torch.full((1000,), float(rank))
+
+
 def fail_on_one(rank, world_size):
     if rank == 1:
         raise ValueError("rank one fails on purpose")
@@ -51,6 +55,17 @@ def test_every_rank_runs_in_one_group_and_returns_its_result():
     assert len({r["pid"] for r in results} | {os.getpid()}) == 4
     assert all(r["nice"] > os.nice(0) for r in results)      # below the server's priority
     assert not any(alive(r["pid"]) for r in results)
+
+
+def test_tensors_come_back_by_value_after_their_worker_has_exited():
+    """multiprocessing would share a tensor's memory through the worker, gone by then."""
+    group = WorkerGroup(return_a_tensor, 2, timeout_s=60)
+    with group:
+        group.start()
+        for p in group.procs:
+            p.join(30)                    # both workers have exited before anything is read
+        results = group.wait(10)
+    assert [r.tolist() == [float(i)] * 1000 for i, r in enumerate(results)] == [True, True]
 
 
 def test_a_failing_worker_raises_with_its_traceback_and_the_rest_are_stopped():
