@@ -309,11 +309,11 @@ SECTIONS: tuple[Section, ...] = (
              "heads in groups of {group}, and a query head must sit on the same worker as the key-value head it "
              "reads. So the degree, the number of workers, must divide the {num_kv_heads} key-value heads, which "
              "gives each worker whole groups. Larger setups with more workers than key-value heads copy each "
-             "key-value head onto several workers instead. Here that leaves degrees {tp_degrees}; "
-             "{tp_refused_note}.",
+             "key-value head onto several workers instead. Of degrees 1 to 4, that leaves "
+             "{tp_degrees}; {tp_refused_note}.",
              "The widget runs the split with real processes on this server's CPU, one thread each, and checks "
-             "the logits and the greedy tokens against a single process. The logits agree to about five decimal "
-             "places, not exactly, because the all-reduce adds the partial sums in another order. It also times "
+             "the logits and the greedy tokens against a single process. The logits agree to within 0.0001, not "
+             "exactly, because the all-reduce adds the partial sums in another order. It also times "
              "arithmetic against communication. {model_label} is small and this machine has few cores, so the "
              "exchanges dominate: with more processes than cores, every all-reduce also waits for a worker that "
              "is not running. Splitting pays when the slices are large and the links between devices are fast.")),

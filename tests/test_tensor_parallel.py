@@ -94,10 +94,10 @@ def test_tensor_parallel_gives_one_process_logits_and_tokens(smol, degree):
     assert not any(alive(r["pid"]) for r in results)
 
 
-@pytest.mark.parametrize("degree", [2, 4])
-def test_tiny_model_split_by_groups_and_with_kv_heads_copied(tiny_loaded, degree):
-    """tiny has 4 query heads and 2 KV heads: degree 2 gives each rank a group, degree 4 one
-    query head each, its KV head copied on two ranks."""
+def test_tiny_model_split_with_kv_heads_copied(tiny_loaded):
+    """tiny has 4 query heads and 2 KV heads: degree 4 gives each rank one query head, its KV
+    head copied on two ranks (degree 2, a group each, runs in tests/widgets/test_tensor_parallel.py)."""
+    degree = 4
     model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)
     ids = tiny_loaded.tokenizer.encode(PROMPT)
     logits, tokens = reference(model, ids, 3)

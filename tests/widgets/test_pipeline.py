@@ -81,6 +81,27 @@ def test_closing_the_socket_ends_the_pipelines_workers(live_server):
     assert live_server.runtime.workers.in_use == 0
 
 
+def test_a_stopping_server_ends_the_workers_of_a_running_job(tiny_loaded):
+    """JobRunner.close (the server's shutdown) closes the job, and the job closes its group."""
+    from app import create_app
+    from app.widgets.pipeline import pipeline_job
+
+    app = create_app({"model": "tiny", "num_kv_blocks": 16, "testing": True}, loaded=tiny_loaded)
+    runtime = app.extensions["sendlens"]
+    events = []
+
+    def work(engine):
+        return (yield from pipeline_job(engine, "tiny", 2, 2, 4, 8, 0, runtime.workers, 60))
+    try:
+        runtime.jobs.submit("owner", "token", "pipeline:stop-test", work, events.append)
+        wait_for(lambda: len(worker_processes(os.getpid())) == 2, timeout=60, what="two worker processes")
+    finally:
+        runtime.shutdown()
+    wait_for(lambda: not worker_processes(os.getpid()), timeout=20, what="the workers to end with the server")
+    assert runtime.workers.in_use == 0
+    assert not [e for e in events if e.kind == "result"]          # it was stopped, not finished
+
+
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_pipeline_page_is_live_with_its_figures(pg, real_ws, server, artifacts_dir):

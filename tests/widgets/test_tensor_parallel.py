@@ -86,6 +86,35 @@ def test_tensor_parallel_job_on_the_tiny_model(ws, tiny_loaded):
     assert worker_processes(os.getpid()) == []
 
 
+def test_the_job_holds_the_engine_loop_only_briefly(tiny_loaded):
+    """Every slice is short (starting the processes, a poll of 50 ms at most), and reports progress."""
+    import time
+
+    from app.jobs import Progress
+    from app.widgets.tensor_parallel import tp_job
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+    from core.workers import ProcessBudget
+
+    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    ids = tiny_loaded.tokenizer.encode(TEXT)
+    budget = ProcessBudget(4)
+    gen, items, longest = tp_job(engine, "tiny", tiny_loaded.config, 2, ids, 0, budget, 60, 4), [], 0.0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            items.append(next(gen))
+        except StopIteration as stop:
+            r = stop.value
+            break
+        finally:
+            longest = max(longest, time.perf_counter() - t0)
+    assert items and all(isinstance(i, Progress) and 0 <= i.done <= i.total and i.note for i in items)
+    assert longest < 0.4, longest
+    check_result(r, tiny_loaded, TEXT, 2)
+    assert budget.in_use == 0 and worker_processes(os.getpid()) == []
+
+
 def test_aborting_the_job_or_closing_the_socket_ends_its_workers(ws, live_server):
     from conftest import WS
     ws.send({"type": "tensor-parallel", "id": "a", "tp_degree": 2, "text": TEXT, "run": 101})
