@@ -79,7 +79,7 @@ export function mount(root, ctx) {
     parts.push(svg("text", { x: left - 6, y: top + 14, "text-anchor": "end", "font-size": 12, fill: "#6a6f78", text: "embedding →" }));
     const end = left + L * (cell + pad);
     parts.push(svg("text", { x: end + 4, y: top + 14, "font-size": 12, fill: "#6a6f78", text: "→ norm, LM head" }));
-    return svg("svg", { viewBox: `0 0 ${end + 104} ${top + cell + 22}`, role: "img", "aria-label": "The layers, coloured by the stage that holds them" }, parts);
+    return svg("svg", { viewBox: `0 0 ${end + 124} ${top + cell + 22}`, role: "img", "aria-label": "The layers, coloured by the stage that holds them" }, parts);
   }
 
   // One bar per (stage, microbatch) computed; a thin grey line where a stage waited to receive.
