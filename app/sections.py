@@ -4,6 +4,7 @@ The page renders SECTIONS top to bottom, and each /embed/<name> page finds its o
 by_widget. Prose is plain text; the only markup is a link to another section, written [words](#slug).
 """
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 BADGES = {  # source badge key -> (label, what it means)
     "live": ("live model", "computed just now by the model running in this server's engine (named at the top of the page)"),
@@ -295,23 +296,33 @@ SECTIONS: tuple[Section, ...] = (
              "cache and one without, both starting empty. The serving engine's cache holds whatever other readers "
              "sent, so a measurement there would neither start from nothing nor leave their timings alone.")),
     Section(17, "tensor-parallel", "Tensor parallelism", ("tensor-parallel",), ("live", "measured"),
-            "SmolLM2's layers split across real worker processes with torch.distributed: the sharded matrices, "
-            "the all-reduce that sums their partial results, the output compared with a single process, and the "
-            "measured time of computing against communicating.",
+            "{model_label}'s blocks split across real worker processes with torch.distributed: who holds which "
+            "slices of the matrices, the all-reduce that sums their partial results, the output compared with a "
+            "single process, and the measured time of computing against communicating.",
             ("When a model is too large or too slow for one device, one remedy is to split each layer's matrices "
-             "across several. Attention divides naturally by heads, each worker taking some of them; the MLP "
-             "divides along its 1,536-wide middle, each worker taking a slice. Every worker then holds and reads "
-             "only its share of the weights.",
-             "Each worker finishes a part with only a partial result, and the pieces must be summed. That is an "
-             "all-reduce: a collective operation after which every worker holds the sum of everyone's "
-             "contributions. The usual layout needs two per block, after attention and after the MLP, so 60 per "
-             "forward pass of SmolLM2, each a round of messages between workers.",
-             "The widget runs this with real processes and checks the output against a single process. It also "
-             "times arithmetic against communication. SmolLM2 is so small that each worker's slice of arithmetic "
-             "is brief, so the exchanges weigh heavily; splitting pays when the slices are large and the links "
-             "between devices are fast.")),
-    Section(18, "pipeline", "Pipeline parallelism", ("pipeline",), ("measured", "computed"),
-            "SmolLM2's layers split into stages in real processes with microbatches flowing through: the "
+             "across several. Attention divides by heads: each worker takes some query heads and the key-value "
+             "heads they read. The MLP divides along its {intermediate_size:,}-wide middle, each worker taking a "
+             "slice of columns. Every worker then holds and reads only its share of those weights; the embedding "
+             "table and the norms are copied to every worker.",
+             "Each worker ends its attention with its part of the output projection, and its MLP with its part "
+             "of the down projection, so it holds only a partial sum of the {hidden_size} numbers of each token. "
+             "An all-reduce adds the parts up and leaves every worker with the total. That is two per block, "
+             "after attention and after the MLP, so {allreduces_per_pass} per forward pass, each a round of "
+             "messages between the workers. This layout is Megatron-LM's.",
+             "Grouped-query attention limits the split. The {num_heads} query heads read {num_kv_heads} key-value "
+             "heads in groups of {group}, and a query head must sit on the same worker as the key-value head it "
+             "reads. So the degree, the number of workers, must divide the {num_kv_heads} key-value heads, which "
+             "gives each worker whole groups. Larger setups with more workers than key-value heads copy each "
+             "key-value head onto several workers instead. Of degrees 1 to 4, that leaves "
+             "{tp_degrees}; {tp_refused_note}.",
+             "The widget runs the split with real processes on this server's CPU, one thread each, and checks "
+             "the logits and the greedy tokens against a single process. The logits agree to within 0.0001, not "
+             "exactly, because the all-reduce adds the partial sums in another order. It also times "
+             "arithmetic against communication. {model_label} is small and this machine has few cores, so the "
+             "exchanges dominate: with more processes than cores, every all-reduce also waits for a worker that "
+             "is not running. Splitting pays when the slices are large and the links between devices are fast.")),
+    Section(18, "pipeline", "Pipeline parallelism", ("pipeline",), ("live", "measured", "computed"),
+            "{model_label}'s layers split into stages in real processes with microbatches flowing through: the "
             "measured timeline of warm-up, steady state and drain, and the idle fraction, the bubble, against "
             "the number of microbatches.",
             ("Pipeline parallelism splits the model by depth instead: one worker holds the first blocks, the "
@@ -325,7 +336,13 @@ SECTIONS: tuple[Section, ...] = (
              "The idle time of warm-up and drain is the pipeline bubble. With p stages and m microbatches of "
              "equal cost, it is (p - 1) / (m + p - 1) of the total time. More microbatches shrink it, but each "
              "one must stay large enough to use the hardware well. The widget plots the measured bubble next to "
-             "this formula.")),
+             "this formula.",
+             "The stages are real processes on this server, one thread each, timed on one clock that every "
+             "process on the machine shares. Their output is the single process's, bit for bit: each stage runs "
+             "the same blocks on the same numbers, and a send copies them exactly. The timings are less tidy. "
+             "Stages differ by a layer, sends cost time, and when more stages are busy than the machine has "
+             "cores, they take turns, which stretches the steady state. So the measured points sit off the "
+             "curve, and the timeline shows where the time went.")),
     Section(19, "moe", "Mixture of experts", ("moe",), ("live", "measured"),
             "A variant of SmolLM2 with each MLP split into 16 experts and a learned router choosing 2 per token: "
             "the routing of the first 12 tokens of a batch, the load on each expert over the whole batch, "
@@ -453,7 +470,24 @@ def facts(info: dict) -> dict:
             "weights_mb": info["num_params"] * info.get("bytes_per_weight", 4) / 1e6,
             "embedding_params_m": embedding / 1e6,
             "embedding_share": f"{embedding / info['num_params']:.0%}",
-            "block_size_minus_one": info["block_size"] - 1}
+            "block_size_minus_one": info["block_size"] - 1,
+            "allreduces_per_pass": 2 * info["num_layers"],
+            **tensor_parallel_degrees(info["num_heads"], info["num_kv_heads"])}
+
+
+def tensor_parallel_degrees(num_heads: int, num_kv_heads: int, up_to: int = 4) -> dict:
+    """The degrees up to `up_to` that split the heads into whole groups, and those refused, in words."""
+    from core.tensor_parallel import split_error
+
+    def words(ns: list[int]) -> str:
+        return " and ".join(map(str, ns)) if len(ns) < 3 else ", ".join(map(str, ns[:-1])) + f" and {ns[-1]}"
+
+    heads = SimpleNamespace(num_heads=num_heads, num_kv_heads=num_kv_heads)
+    ok = [n for n in range(1, up_to + 1) if split_error(heads, n) is None]
+    refused = [n for n in range(1, up_to + 1) if n not in ok]
+    note = (f"the widget shows {words(refused)} but refuses to run {'them' if len(refused) > 1 else 'it'}"
+            if refused else f"every degree up to {up_to} runs")
+    return {"tp_degrees": words(ok), "tp_refused_note": note}
 
 
 def by_widget(name: str) -> Section | None:

@@ -317,6 +317,45 @@ def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: f
     assert pg.console_errors == [] and pg.page_errors == [], (pg.console_errors, pg.page_errors)
 
 
+# ---- worker processes (core/workers.py) left behind? -------------------------------------------
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def worker_processes(root: int) -> list[int]:
+    """Live descendants of process `root` started by multiprocessing's spawn (WorkerGroup's
+    workers; its resource tracker is not one of them), found by scanning /proc."""
+    children: dict[int, list[int]] = {}
+    cmdlines: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read().rsplit(")", 1)[-1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if stat[0] == "Z":
+            continue
+        children.setdefault(int(stat[1]), []).append(int(entry))
+        cmdlines[int(entry)] = cmdline
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if "spawn_main" in cmdlines.get(pid, ""):
+            found.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(found)
+
+
 # ---- a websocket client for the protocol and widget tests --------------------------------------
 TIMEOUT = 30.0  # seconds to wait for one message (the machine may be busy with other tests)
 

@@ -8,7 +8,8 @@ this list.
 """
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
-               kv_cache, kv_memory, paging, phases, positions, prefix_cache, slo, throughput_latency, tokenizer)
+               kv_cache, kv_memory, paging, phases, pipeline, positions, prefix_cache, slo, tensor_parallel,
+               throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -27,6 +28,8 @@ WIDGETS = [
     batching.WIDGET,
     chunked_prefill.WIDGET,
     prefix_cache.WIDGET,
+    tensor_parallel.WIDGET,
+    pipeline.WIDGET,
     slo.WIDGET,
     economics.WIDGET,
 ]
