@@ -9,6 +9,7 @@ runs it on a thread of its own for the web app; LLM drives it directly for offli
 
 import dataclasses
 import itertools
+import logging
 import random
 import time
 from collections import deque
@@ -17,7 +18,7 @@ import torch
 
 from . import models
 from .block_manager import BlockManager
-from .config import EngineConfig
+from .config import OMP_POLICY_APPLIED, EngineConfig
 from .errors import ContextLengthExceeded, InvalidParameter, is_int
 from .kv_cache import BYTES_PER_VALUE, KVCache
 from .model import Transformer
@@ -29,6 +30,8 @@ from .scheduler import Scheduler
 from .sequence import FinishReason, Sequence
 from .trace import SlotWork, StepKind, StepTrace
 
+log = logging.getLogger(__name__)
+
 
 
 class LLMEngine:
@@ -37,6 +40,10 @@ class LLMEngine:
         None loads config.model by name. Creating an engine changes nothing process-wide (no
         thread count, no global seed), so a second engine can sit beside the serving one."""
         loaded = loaded or models.load(config.model, config.cache_dir)
+        if not OMP_POLICY_APPLIED and config.num_threads != 1:
+            log.warning("torch was imported before sendlens' core, so OpenMP threads spin while they wait: "
+                        "beside another busy process decode can run 50 times slower. Import core first, "
+                        "or set OMP_WAIT_POLICY=PASSIVE (or num_threads=1).")
         self.config = config
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
