@@ -165,6 +165,16 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 BAD_WORDS = re.compile(r"\bundefined\b|\bNaN\b|\[object Object\]")
 
 
+def drain(gen):
+    """Run a job's generator to the end, as the job runner would: (what it yielded, its result)."""
+    items = []
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as stop:
+            return items, stop.value
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

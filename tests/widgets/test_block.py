@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
+from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
 
 BLOCK = '[data-widget="block"]'
 TEXT = "The old lighthouse keeper climbed the stairs every night to light the lamp."
@@ -140,16 +140,6 @@ def test_block_on_the_walkthrough_at_phone_width(pg, artifacts_dir):
     snippet = on_a_phone(pg, "block", "?block.token=2", artifacts_dir)
     assert "/embed/block?" in snippet and "token=2" in snippet
     pg.assert_clean()
-
-
-def drain(gen):
-    """Run a job generator to the end: (what it yielded, what it returned)."""
-    items = []
-    while True:
-        try:
-            items.append(next(gen))
-        except StopIteration as stop:
-            return items, stop.value
 
 
 def test_the_job_runs_in_slices_with_progress_per_layer(tiny_loaded):

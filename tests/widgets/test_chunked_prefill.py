@@ -7,7 +7,7 @@ the latency claim (the worst gap is smaller with chunking) on the real model, wh
 
 import pytest
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import drain, figure_value, shoot_widget, wait_ready
 
 CP = '[data-widget="chunked-prefill"]'
 
@@ -76,13 +76,8 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from core.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
-    gen, items = chunked_prefill_job(engine, decoders=2, prompt_tokens=64, budget=18, run=0), []
-    while True:
-        try:
-            items.append(next(gen))
-        except StopIteration as stop:
-            r = stop.value
-            break
+    gen = chunked_prefill_job(engine, decoders=2, prompt_tokens=64, budget=18, run=0)
+    items, r = drain(gen)
     assert all(isinstance(i, Progress) or i is EXCLUSIVE for i in items)
     # the one-piece prefill is the only long slice, and it waits for an idle serving engine
     assert sum(i is EXCLUSIVE for i in items) == 1

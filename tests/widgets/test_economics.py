@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import drain, figure_value, shoot_widget, wait_ready
 
 EC = '[data-widget="economics"]'
 H100 = {"price": 2.5, "hbm": 80.0, "bandwidth": 3.35, "tflops": 1979.0, "link": 450.0, "network": 50.0}
@@ -190,13 +190,8 @@ def test_economics_job_agrees_with_a_hand_computation(ws):
 def test_the_job_is_one_concurrency_per_slice():
     from app.jobs import Progress
     from app.widgets.economics import DEFAULTS, economics_job
-    gen, items = economics_job(**{**DEFAULTS, "batch": 100}), []
-    while True:
-        try:
-            items.append(next(gen))
-        except StopIteration as stop:
-            r = stop.value
-            break
+    gen = economics_job(**{**DEFAULTS, "batch": 100})
+    items, r = drain(gen)
     assert all(isinstance(i, Progress) for i in items)
     assert len(items) == len(r["curves"]["dense"]) + len(r["curves"]["moe"]) and 100 in [p["concurrency"] for p in r["curves"]["moe"]]
 

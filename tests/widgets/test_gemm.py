@@ -6,7 +6,7 @@ model's shapes, each point the best of several calls, with a margin that a share
 
 import pytest
 
-from conftest import figure_value, shoot_widget, wait_ready
+from conftest import drain, figure_value, shoot_widget, wait_ready
 
 GM = '[data-widget="gemm"]'
 NAMES = ["q/k/v", "o", "gate/up", "down", "LM head"]
@@ -82,13 +82,8 @@ def test_the_job_times_one_point_per_slice(tiny_loaded):
     from core.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
-    gen, items = gemm_job(engine, format="fp32", max_rows=64, run=0), []
-    while True:
-        try:
-            items.append(next(gen))
-        except StopIteration as stop:
-            r = stop.value
-            break
+    gen = gemm_job(engine, format="fp32", max_rows=64, run=0)
+    items, r = drain(gen)
     assert all(isinstance(i, Progress) for i in items)
     assert len(items) == 5 * 7 + 2 * TRIES and items[-1].done == items[-1].total
     assert r["points"][0]["shape"] == "q/k/v" and r["points"][0]["rows"] == 1

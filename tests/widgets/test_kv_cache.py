@@ -7,7 +7,7 @@ own step records must be the triangle N P + N (N - 1) / 2 without the cache and 
 import pytest
 import torch
 
-from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
+from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
 
 KV = '[data-widget="kv-cache"]'
 PROMPT = "The capital of France is"
@@ -145,13 +145,8 @@ def test_the_job_runs_one_engine_step_per_slice_and_counts_each_generation_step(
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     ids = tiny_loaded.tokenizer.encode("one two three four five six seven eight nine ten " * 4)[:CHUNK_TOKENS + 8]
     P, N = len(ids), 5
-    items, gen = [], compare_job(engine, ids, N, 0)
-    while True:
-        try:
-            items.append(next(gen))
-        except StopIteration as stop:
-            r = stop.value
-            break
+    gen = compare_job(engine, ids, N, 0)
+    items, r = drain(gen)
 
     def chunks(n: int) -> int:
         return -(-n // CHUNK_TOKENS)

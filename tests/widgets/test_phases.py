@@ -7,7 +7,7 @@ roofline figures follow from the measured ones and from the model's real paramet
 
 import pytest
 
-from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
+from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
 
 PH = '[data-widget="phases"]'
 
@@ -92,14 +92,8 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from core.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
-    items = []
     gen = phases_job(engine, max_prompt=128, decode_tokens=4, run=0)
-    while True:
-        try:
-            items.append(next(gen))
-        except StopIteration as stop:
-            r = stop.value
-            break
+    items, r = drain(gen)
     progress = [i for i in items if isinstance(i, Progress)]
     # one slice per engine step: the warm-up, each of 16..128 PREFILL_TRIES times in chunks of
     # CHUNK_TOKENS, the 4 decode steps; then the bandwidth and matmul tries
