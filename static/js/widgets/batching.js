@@ -4,9 +4,10 @@
 // n-th decode token, · a slot held but idle. Below: steps, idle slots, time, and when each request
 // finished, with the check that both ways produced the same tokens.
 
-import { el, field, setState, debounce } from "../lib/dom.js";
+import { el, field, debounce } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 
 const MAX_REQUESTS = 8, MAX_PROMPT = 64, MAX_OUTPUT = 32, MAX_SLOTS = 8;
 const DEFAULT_WORKLOAD = "12:4,40:16,8:8,24:2,16:12,30:6";
@@ -36,7 +37,7 @@ function parseWorkload(text) {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null };
+  const state = { run: 0 };
   const cleanups = [];
 
   const workload = el("input", { type: "text", class: "text-input", name: "workload", "aria-label": "Workload: prompt:output tokens per request" });
@@ -45,6 +46,7 @@ export function mount(root, ctx) {
   slots.value = String(opts.slots);
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress });
   const machineLine = el("p", { class: "note machine" });
   const verdict = el("p", { class: "bt-verdict" });
 
@@ -123,23 +125,12 @@ export function mount(root, ctx) {
     const n = Number(slots.value);
     if (parsed.error) { progress.textContent = parsed.error; return Promise.resolve(); }
     if (!Number.isInteger(n) || n < 1 || n > MAX_SLOTS) { progress.textContent = `Slots must be 1 to ${MAX_SLOTS}.`; return Promise.resolve(); }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     sync();
-    progress.textContent = "Running the workload both ways…";
-    return client.call({ type: "batching", requests: parsed.pairs, slots: n, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `${p.note}…`; },
-    }).then((r) => {
-      if (controller.signal.aborted) return;
-      render(r);
-      progress.textContent = `${r.requests.length} requests, ${r.slots} slots.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
+    return job.run({ type: "batching", requests: parsed.pairs, slots: n, run: state.run }, {
+      running: "Running the workload both ways…",
+      onProgress: (p) => `${p.note}…`,
+      render,
+      done: (r) => `${r.requests.length} requests, ${r.slots} slots.`,
     });
   }
 
@@ -150,7 +141,7 @@ export function mount(root, ctx) {
   cleanups.push(ctx.connected(() => measure()));
   return () => {
     onInput.cancel();
-    state.abort?.abort();
+    job.stop();
     cleanups.forEach((fn) => fn());
     root.replaceChildren();
   };

@@ -7,6 +7,7 @@ import { el, field, select, setState, svg, debounce } from "../lib/dom.js";
 import { escapeLabel, plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtNum, visibleWhitespace } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
 
 const DEFAULT_TEXT = "The old lighthouse keeper climbed the stairs every night to light the lamp.";
@@ -27,7 +28,7 @@ const METRICS = {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { info: null, result: null, token: opts.token, metric: opts.metric, abort: null };
+  const state = { info: null, result: null, token: opts.token, metric: opts.metric };
   const cleanups = [];
 
   // ---- controls ----
@@ -36,6 +37,7 @@ export function mount(root, ctx) {
   const tokenBox = el("span");
   const metric = select(Object.entries(METRICS).map(([k, m]) => [k, m.label]), state.metric, { "aria-label": "Heatmap", name: "metric" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress });
   const chips = el("div", { class: "block-tokens", "aria-label": "Tokens: click one to follow it" });
 
   // ---- figures ----
@@ -218,23 +220,12 @@ export function mount(root, ctx) {
   }
 
   function run() {
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     syncOptions();
-    progress.textContent = "Running your text through the blocks…";
-    return client.call({ type: "layers", text: input.value }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Computing ${p.note}…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = `${r.tokens.length} tokens through ${r.num_layers} blocks. Click a token to follow it.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
+    return job.run({ type: "layers", text: input.value }, {
+      running: "Running your text through the blocks…",
+      onProgress: (p) => `Computing ${p.note}…`,
+      render,
+      done: (r) => `${r.tokens.length} tokens through ${r.num_layers} blocks. Click a token to follow it.`,
     });
   }
 
@@ -254,7 +245,7 @@ export function mount(root, ctx) {
   }));
   return () => {
     onText.cancel();
-    state.abort?.abort();
+    job.stop();
     cleanups.forEach((fn) => fn());
     purge(chart);
     root.replaceChildren();

@@ -3,10 +3,11 @@
 // the reader's token budget. The chart: the decoders' inter-token latency over time, one line per
 // run, with the long prompt's arrival at 0; the stall without chunking is the tall spike.
 
-import { el, field, setState } from "../lib/dom.js";
+import { el, field } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs } from "../lib/format.js";
+import { jobRunner, percent } from "../lib/job.js";
 
 const OPTIONS = {
   decoders: { type: "int", default: 4, min: 1, max: 8 },
@@ -24,7 +25,7 @@ function numberInput(name, label, value, spec) {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null };
+  const state = { run: 0 };
 
   const decoders = numberInput("decoders", "Decoding requests", opts.decoders, OPTIONS.decoders);
   const promptTokens = numberInput("prompt_tokens", "Long prompt tokens", opts.prompt_tokens, OPTIONS.prompt_tokens);
@@ -33,6 +34,7 @@ export function mount(root, ctx) {
   const progress = el("p", { class: "progress", "aria-live": "polite" });
   const threads = stat("Threads", { key: "threads", note: "torch threads used" });
   const machineLine = el("p", { class: "note machine" });
+  const job = jobRunner(root, { client, progress, button: again });
 
   const chart = el("div", { class: "chart cp-chart", "aria-label": "Inter-token latency over time" });
   const maxUnchunked = stat("Max ITL, one piece", { key: "max_itl_ms_unchunked", note: "worst gap, prompt in one step" });
@@ -108,32 +110,20 @@ export function mount(root, ctx) {
       progress.textContent = problem;
       return Promise.resolve();
     }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     ctx.setOptions(v, OPTIONS);
-    progress.textContent = "Running the two engines…";
-    again.disabled = true;
-    return client.call({ type: "chunked-prefill", ...v, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Measuring: ${p.note} (${Math.round(100 * p.done / p.total)}%)…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = "Both runs measured, one engine step at a time.";
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) again.disabled = false; });
+    return job.run({ type: "chunked-prefill", ...v, run: state.run }, {
+      running: "Running the two engines…",
+      onProgress: (p) => `Measuring: ${p.note} (${percent(p)})…`,
+      render,
+      done: "Both runs measured, one engine step at a time.",
+    });
   }
 
   again.addEventListener("click", () => { state.run += 1; measure(); });
   for (const input of [decoders, promptTokens, budget]) input.addEventListener("change", measure);
   const offStatus = ctx.connected(() => measure());
   return () => {
-    state.abort?.abort();
+    job.stop();
     offStatus();
     purge(chart);
     root.replaceChildren();

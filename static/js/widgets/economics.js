@@ -4,10 +4,11 @@
 // core/lab/economics.py, a roofline per decode step); this module draws the curves, one decode step
 // in detail with every formula beside its number, and the GPUs each preset needs.
 
-import { el, field, select, setState } from "../lib/dom.js";
+import { el, field, select } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtBytes, fmtMs, fmtNum, fmtPct } from "../lib/format.js";
+import { jobRunner, percent } from "../lib/job.js";
 import { DTYPES, PRESETS } from "./kv-memory.js";
 
 const DENSE = Object.keys(PRESETS).filter((k) => !PRESETS[k].experts);
@@ -46,7 +47,7 @@ function numberInput(name, label, value, spec) {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { abort: null, alive: true, timer: null };
+  const state = { timer: null };
 
   const inputs = {};
   for (const [key, label, unit] of HARDWARE) inputs[key] = numberInput(key, `${label}, ${unit}`, opts[key], OPTIONS[key]);
@@ -56,6 +57,7 @@ export function mount(root, ctx) {
   inputs.context = numberInput("context", "Context, tokens per sequence", opts.context, OPTIONS.context);
   inputs.batch = numberInput("batch", "Concurrent users", opts.batch, OPTIONS.batch);
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress });
 
   const chart = el("div", { class: "chart econ-chart", "aria-label": "Cost per million output tokens against concurrent users" });
   const costDense = stat("Dense", { key: "cost_per_mtok_dense", note: "$ per million output tokens" });
@@ -262,23 +264,11 @@ export function mount(root, ctx) {
       progress.textContent = problem;
       return Promise.resolve();
     }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     ctx.setOptions(v, OPTIONS);
-    progress.textContent = "Computing both curves…";
-    return client.call({ type: "economics", ...v }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Computing: ${p.note} (${Math.round(100 * p.done / p.total)}%)…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted || !state.alive) return;
-      await render(r);
-      progress.textContent = "";
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
+    return job.run({ type: "economics", ...v }, {
+      running: "Computing both curves…",
+      onProgress: (p) => `Computing: ${p.note} (${percent(p)})…`,
+      render,
     });
   }
 
@@ -288,9 +278,8 @@ export function mount(root, ctx) {
   }
   const offStatus = ctx.connected(() => compute());
   return () => {
-    state.alive = false;
     clearTimeout(state.timer);
-    state.abort?.abort();
+    job.stop();
     offStatus();
     purge(chart);
     root.replaceChildren();

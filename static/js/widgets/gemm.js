@@ -3,10 +3,11 @@
 // Left: time per row against rows, one line per shape (falling: a row is nearly free until the
 // knee). Right: the roofline from this machine's measured bandwidth and peak, every point on it.
 
-import { el, field, select, setState } from "../lib/dom.js";
+import { el, field, select } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtNum } from "../lib/format.js";
+import { jobRunner, percent } from "../lib/job.js";
 
 const OPTIONS = {
   format: { type: "string", default: "fp32", choices: ["fp32", "bf16"] },
@@ -18,12 +19,13 @@ const ROOF = "#9aa0a8";
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null };
+  const state = { run: 0 };
 
   const format = select([["fp32", "fp32 (the reference)"], ["bf16", "bf16"]], opts.format, { name: "format", "aria-label": "Weight format" });
   const maxRows = select([64, 128, 256].map((n) => [n, `${n} rows`]), opts.max_rows, { name: "max_rows", "aria-label": "Most rows" });
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress, button: again });
   const threads = stat("Threads", { key: "threads", note: "torch threads used" });
   const machineLine = el("p", { class: "note machine" });
 
@@ -124,25 +126,13 @@ export function mount(root, ctx) {
   }
 
   function measure() {
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     ctx.setOptions({ format: format.value, max_rows: Number(maxRows.value) }, OPTIONS);
-    progress.textContent = "Timing the matrix multiplies…";
-    again.disabled = true;
-    return client.call({ type: "gemm", format: format.value, max_rows: Number(maxRows.value), run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Timing: ${p.note} (${Math.round(100 * p.done / p.total)}%)…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = `Timed ${r.points.length} products: ${r.shapes.length} shapes × ${r.points.length / r.shapes.length} row counts.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) again.disabled = false; });
+    return job.run({ type: "gemm", format: format.value, max_rows: Number(maxRows.value), run: state.run }, {
+      running: "Timing the matrix multiplies…",
+      onProgress: (p) => `Timing: ${p.note} (${percent(p)})…`,
+      render,
+      done: (r) => `Timed ${r.points.length} products: ${r.shapes.length} shapes × ${r.points.length / r.shapes.length} row counts.`,
+    });
   }
 
   again.addEventListener("click", () => { state.run += 1; measure(); });
@@ -150,7 +140,7 @@ export function mount(root, ctx) {
   maxRows.addEventListener("change", measure);
   const offStatus = ctx.connected(() => measure());
   return () => {
-    state.abort?.abort();
+    job.stop();
     offStatus();
     purge(rowChart);
     purge(roofChart);

@@ -3,10 +3,11 @@
 // the growing triangle against the flat line; right: each step's measured time. Below: the two
 // greedy outputs, token by token, shown equal.
 
-import { el, field, setState, debounce } from "../lib/dom.js";
+import { el, field, debounce } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
+import { jobRunner, percent } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
 
 const MAX_TOKENS = 64;
@@ -23,7 +24,7 @@ const COLORS = { without: "#d0702f", with: "#2f5fd0" };
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { result: null, run: 0, abort: null };
+  const state = { result: null, run: 0 };
   const cleanups = [];
 
   // ---- controls ----
@@ -33,6 +34,7 @@ export function mount(root, ctx) {
   maxTokens.value = String(opts.max_tokens);
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress });
   const machineLine = el("p", { class: "note machine" });
 
   // ---- figures ----
@@ -149,23 +151,12 @@ export function mount(root, ctx) {
       return Promise.resolve();
     }
     if (!input.value.trim()) return Promise.resolve();
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     syncOptions();
-    progress.textContent = "Generating both ways…";
-    return client.call({ type: "kv_cache", text: input.value, max_tokens: n, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Generating ${p.note} (${Math.round(100 * p.done / p.total)}%)…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = `${r.max_tokens} tokens after a ${r.prompt_tokens}-token prompt, both ways.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
+    return job.run({ type: "kv_cache", text: input.value, max_tokens: n, run: state.run }, {
+      running: "Generating both ways…",
+      onProgress: (p) => `Generating ${p.note} (${percent(p)})…`,
+      render,
+      done: (r) => `${r.max_tokens} tokens after a ${r.prompt_tokens}-token prompt, both ways.`,
     });
   }
 
@@ -177,7 +168,7 @@ export function mount(root, ctx) {
   cleanups.push(ctx.connected(() => measure()));
   return () => {
     onInput.cancel();
-    state.abort?.abort();
+    job.stop();
     cleanups.forEach((fn) => fn());
     purge(workChart);
     purge(timeChart);

@@ -10,6 +10,7 @@ import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { listen } from "../lib/events.js";
 import { fmtMs, fmtNum, fmtBytes } from "../lib/format.js";
+import { jobRunner, percent } from "../lib/job.js";
 
 const LENGTHS = [16, 32, 64, 128, 256, 512, 1024, 2048];
 
@@ -30,7 +31,7 @@ const COLORS = { prefill: "#2f5fd0", decode: "#1d7a4f", mine: "#d0702f", floor: 
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { result: null, request: null, run: 0, abort: null, current: null };
+  const state = { result: null, request: null, run: 0, current: null };
   const cleanups = [];
 
   // ---- controls ----
@@ -40,6 +41,7 @@ export function mount(root, ctx) {
   decodeTokens.value = String(opts.decode_tokens);
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress, button: again });
   const machineLine = el("p", { class: "note machine" });
   const threads = stat("Threads", { key: "threads", note: "torch threads used" });
 
@@ -216,25 +218,13 @@ export function mount(root, ctx) {
       progress.textContent = "Decode steps must be a whole number from 1 to 128.";
       return Promise.resolve();
     }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     syncOptions();
-    progress.textContent = "Timing the engine…";
-    again.disabled = true;
-    return client.call({ type: "phases", max_prompt: Number(maxPrompt.value), decode_tokens: n, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Timing: ${p.note} (${Math.round(100 * p.done / p.total)}%)…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = `Swept ${r.prefill.length} prompt lengths and ${r.decode.length} decode steps.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) again.disabled = false; });
+    return job.run({ type: "phases", max_prompt: Number(maxPrompt.value), decode_tokens: n, run: state.run }, {
+      running: "Timing the engine…",
+      onProgress: (p) => `Timing: ${p.note} (${percent(p)})…`,
+      render,
+      done: (r) => `Swept ${r.prefill.length} prompt lengths and ${r.decode.length} decode steps.`,
+    });
   }
 
   // A finished request, from this widget's own Send or from the chat (section 1): its `done`.
@@ -283,7 +273,7 @@ export function mount(root, ctx) {
   renderDefinitions();
   cleanups.push(ctx.connected(() => measure()));
   return () => {
-    state.abort?.abort();
+    job.stop();
     state.current?.abort();
     cleanups.forEach((fn) => fn());
     purge(prefillChart);

@@ -3,10 +3,11 @@
 // timeline of the reader's schedule (fill, steady state, drain shaded), and the bubble, the idle
 // share, measured for m = 1, 2, 4, 8 microbatches and the reader's m, beside GPipe's formula.
 
-import { el, field, select, setState, svg } from "../lib/dom.js";
+import { el, field, select, svg } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtBytes, fmtMs, fmtPct } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 
 const OPTIONS = {
   stages: { type: "int", default: 3, min: 2, max: 4 },
@@ -19,7 +20,7 @@ const PHASES = { fill: "#e8eefc", drain: "#fbeee2" };
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null };
+  const state = { run: 0 };
 
   const stages = select([2, 3, 4].map((n) => [n, String(n)]), opts.stages, { name: "stages", "aria-label": "Stages" });
   const microbatches = select([1, 2, 3, 4, 5, 6, 7, 8].map((n) => [n, String(n)]), opts.microbatches, { name: "microbatches", "aria-label": "Microbatches" });
@@ -27,6 +28,7 @@ export function mount(root, ctx) {
   tokens.value = String(opts.tokens);
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress, button: again });
 
   const layers = el("div", { class: "pp-layers" });
   const layersNote = el("p", { class: "note" });
@@ -171,25 +173,13 @@ export function mount(root, ctx) {
       progress.textContent = `Tokens each must be a whole number from ${OPTIONS.tokens.min} to ${OPTIONS.tokens.max}.`;
       return Promise.resolve();
     }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     ctx.setOptions(v, OPTIONS);
-    progress.textContent = `Starting ${v.stages} worker processes…`;
-    again.disabled = true;
-    return client.call({ type: "pipeline", ...v, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (pr) => { progress.textContent = `${pr.note}…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = `Measured on ${r.stages} worker processes, which have exited.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) again.disabled = false; });
+    return job.run({ type: "pipeline", ...v, run: state.run }, {
+      running: `Starting ${v.stages} worker processes…`,
+      onProgress: (pr) => `${pr.note}…`,
+      render,
+      done: (r) => `Measured on ${r.stages} worker processes, which have exited.`,
+    });
   }
 
   again.addEventListener("click", () => { state.run += 1; measure(); });
@@ -201,7 +191,7 @@ export function mount(root, ctx) {
     return measure();
   });
   return () => {
-    state.abort?.abort();
+    job.stop();
     offStatus();
     purge(timeline);
     purge(bubble);

@@ -4,10 +4,11 @@
 // Right: the measured check that the attention score of a query and a key depends only on how
 // far apart they are: the same two vectors placed at many absolute positions, scored.
 
-import { el, field, select, setState, svg, debounce } from "../lib/dom.js";
+import { el, field, select, svg, debounce } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { plot, purge } from "../lib/chart.js";
 import { fmtNum } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
 
 const DEFAULT_TEXT = "The cat sat on the mat because it was tired after the long walk.";
@@ -26,7 +27,7 @@ const COLORS = { before: "#9aa0a8", near: "#2f5fd0", far: "#d0702f" };
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { info: null, result: null, layer: opts.layer, head: opts.head, query: opts.query, key: opts.key, abort: null };
+  const state = { info: null, result: null, layer: opts.layer, head: opts.head, query: opts.query, key: opts.key };
   const cleanups = [];
 
   // ---- controls ----
@@ -37,6 +38,7 @@ export function mount(root, ctx) {
   const queryBox = el("span");
   const keyBox = el("span");
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress });
   const chips = el("div", { class: "rope-tokens", "aria-label": "Tokens: the query and the key are marked" });
 
   // ---- figures ----
@@ -185,35 +187,27 @@ export function mount(root, ctx) {
   }
 
   function run() {
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     const body = { type: "rope", text: input.value, layer: state.layer, head: state.head };
     if (state.query !== null) body.query = state.query;
     if (state.key !== null) body.key = state.key;
     syncOptions();
-    progress.textContent = "Running your text through the model…";
-    return client.call(body, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Computing ${p.note}…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      state.query = r.query;
-      state.key = r.key;
-      syncOptions();
-      await render(r);
-      progress.textContent = `Layer ${r.layer}, head ${r.head} (shares KV head ${r.kv_head}): query token ${r.query}, key token ${r.key}.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      if ((err.param === "query" || err.param === "key") && (state.query !== null || state.key !== null)) {
+    return job.run(body, {
+      running: "Running your text through the model…",
+      onProgress: (p) => `Computing ${p.note}…`,
+      render: (r) => {
+        state.query = r.query;
+        state.key = r.key;
+        syncOptions();
+        return render(r);
+      },
+      done: (r) => `Layer ${r.layer}, head ${r.head} (shares KV head ${r.kv_head}): query token ${r.query}, key token ${r.key}.`,
+      recover: (err) => {
+        if ((err.param !== "query" && err.param !== "key") || (state.query === null && state.key === null)) return false;
         state.query = null;   // a token index from the URL that this text does not have
         state.key = null;
         run();
-        return;
-      }
-      progress.textContent = "";
-      setState(root, "error", err.message);
+        return true;
+      },
     });
   }
 
@@ -228,7 +222,7 @@ export function mount(root, ctx) {
   }));
   return () => {
     onText.cancel();
-    state.abort?.abort();
+    job.stop();
     cleanups.forEach((fn) => fn());
     purge(chart);
     root.replaceChildren();

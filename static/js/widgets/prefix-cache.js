@@ -5,6 +5,7 @@
 import { el, field, setState } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum, visibleWhitespace } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 
 const DEFAULT_SYSTEM = "You are a helpful assistant for a school science class. Answer in two or three short sentences, "
   + "use plain words, give one everyday example, and say so when you are not sure.";
@@ -27,7 +28,7 @@ const STATUS = {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null, result: null, alive: true };
+  const state = { run: 0, result: null };
 
   const system = el("textarea", { class: "text-input", rows: 3, name: "system", "aria-label": "Shared system prompt" });
   system.value = opts.system;
@@ -37,6 +38,7 @@ export function mount(root, ctx) {
   users.value = opts.users;
   const button = el("button", { type: "button", class: "pc-run", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress, button: button });
 
   const cached = stat("Cached tokens", { key: "cached_tokens", note: "on the second ask" });
   const saved = stat("TTFT saved", { key: "ttft_saved_ms", note: "second ask, without − with" });
@@ -126,34 +128,20 @@ export function mount(root, ctx) {
   }
 
   function run() {
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     syncOptions();
     state.run += 1;
-    button.disabled = true;
-    progress.textContent = "Starting two engines beside the serving one…";
     const list = users.value.split("\n").map((u) => u.trim()).filter(Boolean);
-    return client.call({ type: "prefix_cache", system: system.value, question: question.value, users: list, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Measuring ${p.note}…`; },
-    }).then((r) => {
-      if (controller.signal.aborted || !state.alive) return;
-      render(r);
-      progress.textContent = "";
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted" || !state.alive) return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) button.disabled = false; });
+    return job.run({ type: "prefix_cache", system: system.value, question: question.value, users: list, run: state.run }, {
+      running: "Starting two engines beside the serving one…",
+      onProgress: (p) => `Measuring ${p.note}…`,
+      render,
+    });
   }
 
   button.addEventListener("click", run);
   client.ready().then(run).catch((err) => setState(root, "error", err.message));
   return () => {
-    state.alive = false;
-    state.abort?.abort();
+    job.stop();
     root.replaceChildren();
   };
 }

@@ -6,6 +6,7 @@
 import { el, field, setState } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 
 const OPTIONS = {
   rate: { type: "number", default: 4, min: 0.5, max: 200 },
@@ -24,7 +25,7 @@ function numberInput(name, label, value, attrs = {}) {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null, alive: true };
+  const state = { run: 0 };
 
   const inputs = {
     rate: numberInput("rate", "Arrival rate, requests per second", opts.rate, { min: 0.5, max: 200, step: 0.5 }),
@@ -37,6 +38,7 @@ export function mount(root, ctx) {
   };
   const button = el("button", { type: "button", class: "slo-go", text: "Measure" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress, button: button });
 
   const goodput = stat("Best goodput", { key: "goodput_rps", note: "requests/s within the objective" });
   const bestSeqs = stat("Its batch limit", { key: "best_max_num_seqs", note: "max_num_seqs of the best by goodput" });
@@ -116,38 +118,24 @@ export function mount(root, ctx) {
   }
 
   function run() {
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     const v = values();
     ctx.setOptions(v, OPTIONS);
     state.run += 1;
-    button.disabled = true;
-    progress.textContent = "Generating the arrivals and starting an engine beside the serving one…";
     const limits = v.batch.split(",").map((s) => s.trim()).filter(Boolean).map(Number);
-    return client.call({
+    return job.run({
       type: "slo", rate: v.rate, requests: v.requests, seed: v.seed, batch_limits: limits,
       max_waiting: v.waiting, ttft_ms: v.ttft, tpot_ms: v.tpot, run: state.run,
     }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `Serving ${p.note} (${p.done} of ${p.total} arrived)…`; },
-    }).then((r) => {
-      if (controller.signal.aborted || !state.alive) return;
-      render(r);
-      progress.textContent = "";
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted" || !state.alive) return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) button.disabled = false; });
+      running: "Generating the arrivals and starting an engine beside the serving one…",
+      onProgress: (p) => `Serving ${p.note} (${p.done} of ${p.total} arrived)…`,
+      render,
+    });
   }
 
   button.addEventListener("click", run);
   client.ready().then(run).catch((err) => setState(root, "error", err.message));
   return () => {
-    state.alive = false;
-    state.abort?.abort();
+    job.stop();
     root.replaceChildren();
   };
 }

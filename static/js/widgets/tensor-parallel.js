@@ -4,10 +4,11 @@
 // and all-reduce, on one clock), compute against communication per layer, how one all-reduce's
 // time grows with the batch rows, and the check against the whole model in one process.
 
-import { el, field, setState, svg } from "../lib/dom.js";
+import { el, field, svg } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtBytes, fmtMs, fmtNum } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 
 const DEFAULT_TEXT = "The capital of France is Paris, and the capital of Italy is";
 const OPTIONS = {
@@ -30,13 +31,14 @@ function splits(n, H, K) {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null, hello: null };
+  const state = { run: 0, hello: null };
 
   const degree = el("select", { name: "tp_degree", "aria-label": "Tensor-parallel degree" });
   const input = el("textarea", { class: "text-input", rows: 2, name: "text", "aria-label": "Prompt" });
   input.value = opts.text;
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress, button: again });
   const degreeNote = el("p", { class: "note tp-degrees" });
   const machineLine = el("p", { class: "note machine" });
 
@@ -240,25 +242,13 @@ export function mount(root, ctx) {
       progress.textContent = "Type a prompt first.";
       return Promise.resolve();
     }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     ctx.setOptions(v, OPTIONS);
-    progress.textContent = `Starting ${v.tp_degree} worker process${v.tp_degree > 1 ? "es" : ""}…`;
-    again.disabled = true;
-    return client.call({ type: "tensor-parallel", ...v, run: state.run }, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `${p.note}…`; },
-    }).then(async (r) => {
-      if (controller.signal.aborted) return;
-      await render(r);
-      progress.textContent = `Measured on ${r.tp_degree} worker process${r.tp_degree > 1 ? "es" : ""}, which have exited.`;
-      setState(root, "ready");
-    }).catch((err) => {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }).finally(() => { if (state.abort === controller) again.disabled = false; });
+    return job.run({ type: "tensor-parallel", ...v, run: state.run }, {
+      running: `Starting ${v.tp_degree} worker process${v.tp_degree > 1 ? "es" : ""}…`,
+      onProgress: (p) => `${p.note}…`,
+      render,
+      done: (r) => `Measured on ${r.tp_degree} worker process${r.tp_degree > 1 ? "es" : ""}, which have exited.`,
+    });
   }
 
   again.addEventListener("click", () => { state.run += 1; measure(); });
@@ -270,7 +260,7 @@ export function mount(root, ctx) {
     return measure();
   });
   return () => {
-    state.abort?.abort();
+    job.stop();
     offStatus();
     for (const chart of [timeline, split, sweep]) purge(chart);
     root.replaceChildren();

@@ -3,10 +3,11 @@
 // point: output tokens/s against TTFT and TPOT (p50 and p99, as vLLM's serving benchmark defines
 // them); the runs with one batch limit form a curve. Every run is a cached job on the server.
 
-import { el, field, setState, debounce } from "../lib/dom.js";
+import { el, field, debounce } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
+import { jobRunner } from "../lib/job.js";
 
 const MAX_RATES = 4, MAX_LIMITS = 3, MIN_RATE = 0.5, MAX_RATE = 100, MAX_SEQS = 32, MAX_REQUESTS = 32;
 const COLORS = ["#2f5fd0", "#d0702f", "#2f9a5f"];
@@ -32,7 +33,7 @@ function parseList(text, { name, max, lo, hi, integer }) {
 export function mount(root, ctx) {
   const client = ctx.client;
   const opts = ctx.readOptions(OPTIONS).values;
-  const state = { run: 0, abort: null, points: [] };
+  const state = { run: 0, points: [] };
   const cleanups = [];
 
   const rates = el("input", { type: "text", class: "text-input", name: "rates", "aria-label": "Arrival rates, requests per second" });
@@ -43,6 +44,7 @@ export function mount(root, ctx) {
   count.value = String(opts.num_requests);
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
+  const job = jobRunner(root, { client, progress });
   const machineLine = el("p", { class: "note machine" });
 
   const throughput = stat("Output throughput", { key: "throughput_tok_s", note: "tokens/s, busiest run" });
@@ -125,30 +127,19 @@ export function mount(root, ctx) {
     const n = Number(count.value);
     const error = r.error || s.error || (!Number.isInteger(n) || n < 2 || n > MAX_REQUESTS ? `Requests: 2 to ${MAX_REQUESTS}.` : null);
     if (error) { progress.textContent = error; return; }
-    state.abort?.abort();
-    const controller = new AbortController();
-    state.abort = controller;
     sync();
     const runs = s.values.flatMap((seqs) => r.values.map((rate) => ({ rate, seqs })));
     state.points = [];
-    try {
+    // one call per point, in a row; `call` throws once a newer measure() has aborted this one
+    return job.run(async (call) => {
       for (const [i, { rate, seqs }] of runs.entries()) {
         progress.textContent = `Run ${i + 1} of ${runs.length}: ${rate} req/s, max_num_seqs ${seqs}…`;
-        const point = await client.call({ type: "throughput_latency", rate, max_num_seqs: seqs, num_requests: n, run: state.run }, {
-          signal: controller.signal,
-          onProgress: (p) => { progress.textContent = `Run ${i + 1} of ${runs.length} (${rate} req/s, max_num_seqs ${seqs}): ${p.note}`; },
-        });
-        if (controller.signal.aborted) return;
+        const point = await call({ type: "throughput_latency", rate, max_num_seqs: seqs, num_requests: n, run: state.run },
+          (p) => `Run ${i + 1} of ${runs.length} (${rate} req/s, max_num_seqs ${seqs}): ${p.note}`);
         state.points.push(point);
         await render();
       }
-      progress.textContent = `${runs.length} runs of ${n} requests each.`;
-      setState(root, "ready");
-    } catch (err) {
-      if (controller.signal.aborted || err.code === "aborted") return;
-      progress.textContent = "";
-      setState(root, "error", err.message);
-    }
+    }, { done: `${runs.length} runs of ${n} requests each.` });
   }
 
   const onInput = debounce(measure, 900);
@@ -159,7 +150,7 @@ export function mount(root, ctx) {
   cleanups.push(ctx.connected(() => measure()));
   return () => {
     onInput.cancel();
-    state.abort?.abort();
+    job.stop();
     cleanups.forEach((fn) => fn());
     purge(ttftChart);
     purge(tpotChart);
