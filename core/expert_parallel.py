@@ -97,8 +97,10 @@ def worker_group(x: torch.Tensor, mlp: MoEMLP, top_k: int, world_size: int, repe
     """The workers for one layer over the batch x (T, C), not started (a job starts it in slices)."""
     check_world_size(mlp.experts.num_experts, world_size)
     check_top_k(top_k, mlp.experts.num_experts)
-    return WorkerGroup(rank_main, world_size, (x.detach(), *layer_tensors(mlp), top_k, repeats),
-                       timeout_s=timeout_s, budget=budget)
+    # copies: pickling a tensor for a spawned process moves its storage into shared memory, and the
+    # model's own weights should stay where they are; the copies are freed with the group
+    tensors = tuple(t.clone() for t in (x.detach(), *layer_tensors(mlp)))
+    return WorkerGroup(rank_main, world_size, (*tensors, top_k, repeats), timeout_s=timeout_s, budget=budget)
 
 
 def summarize(results: list[dict]) -> dict:

@@ -106,9 +106,12 @@ def test_all_16_experts_equal_dense_on_the_real_model(smollm_loaded):
     with torch.inference_mode():
         for i, (block, moe_block) in enumerate(zip(dense.layers, moe.layers)):      # each layer, the same input
             x = inputs[i][0]
-            assert (block.mlp(x) - moe_block.mlp(x)).abs().max() <= 1e-4, i
+            y = block.mlp(x)
+            # equal up to fp32 rounding of sums in another order: some layers' outputs reach ~22,000
+            # (SmolLM2's massive activations), where one rounding step is ~0.002
+            assert (y - moe_block.mlp(x)).abs().max() <= 2e-6 * max(1.0, y.abs().max().item()), i
         moe_logits = moe.score(ids)
-    assert (moe_logits - dense_logits).abs().max() <= 1e-4 * dense_logits.abs().max()
+    assert (moe_logits - dense_logits).abs().max() <= 1e-4                          # 5.7e-5 when measured
     assert torch.equal(moe_logits.argmax(-1), dense_logits.argmax(-1))
 
 

@@ -8,7 +8,7 @@ this list.
 """
 
 from . import (attention, batching, block, chat, chunked_prefill, embedding, gemm, generation, kv_cache,
-               kv_memory, paging, phases, positions, prefix_cache, slo, throughput_latency, tokenizer)
+               kv_memory, moe, paging, phases, positions, prefix_cache, slo, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -27,6 +27,7 @@ WIDGETS = [
     batching.WIDGET,
     chunked_prefill.WIDGET,
     prefix_cache.WIDGET,
+    moe.WIDGET,
     slo.WIDGET,
 ]
 
