@@ -142,9 +142,10 @@ def test_the_engine_serves_the_moe_model_alone_and_batched(moe_loaded):
 
 
 @pytest.mark.real_model
-def test_the_moe_model_runs_in_bf16(moe_loaded):
+@pytest.mark.parametrize("weight_format", ["bf16", "q4_1"])
+def test_the_moe_model_is_batch_invariant_in_every_format(moe_loaded, weight_format):
     from core import LLM, SamplingParams
-    llm = LLM("smollm2-135m-moe16", loaded=moe_loaded, weight_format="bf16")
+    llm = LLM("smollm2-135m-moe16", loaded=moe_loaded, weight_format=weight_format)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     prompts = ["Hello there", "The sky is"]
     assert [o.token_ids for o in llm.generate(prompts, params)] == [llm.generate(p, params)[0].token_ids for p in prompts]

@@ -183,3 +183,23 @@ def test_moe_page_shows_the_figures_and_leaves_no_worker(pg, real_ws, server, sm
     assert "/embed/moe?" in snippet and "top_k=4" in snippet and "workers=4" in snippet
     pg.assert_clean()
     assert worker_processes(server.proc.pid) == []
+
+
+def test_an_abandoned_parallel_job_closes_its_workers(tiny_loaded):
+    """The job runner closes the generator of a job nobody waits for: its workers go with it."""
+    import time
+
+    from app.widgets.moe import parallel_job
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+    from core.workers import ProcessBudget
+
+    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    budget = ProcessBudget(4)
+    gen = parallel_job(engine, [tiny_loaded.tokenizer.encode(TEXTS[0])], 2, 1, 4, 0, budget, 120)
+    deadline = time.monotonic() + 60
+    while budget.in_use == 0 and time.monotonic() < deadline:   # up to the slice that starts them
+        next(gen)
+    assert budget.in_use == 4 and worker_processes(os.getpid())
+    gen.close()
+    assert budget.in_use == 0 and worker_processes(os.getpid()) == []
