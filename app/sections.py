@@ -343,25 +343,34 @@ SECTIONS: tuple[Section, ...] = (
              "Stages differ by a layer, sends cost time, and when more stages are busy than the machine has "
              "cores, they take turns, which stretches the steady state. So the measured points sit off the "
              "curve, and the timeline shows where the time went.")),
-    Section(19, "moe", "Mixture of experts", ("moe",), ("live", "measured"),
-            "A variant of SmolLM2 with each MLP split into 16 experts and a learned router choosing 2 per token: "
-            "the routing of the first 12 tokens of a batch, the load on each expert over the whole batch, "
-            "per-expert batch size as the batch grows, and experts spread over processes.",
+    Section(19, "moe", "Mixture of experts", ("moe",), ("live", "computed", "measured"),
+            "A variant of SmolLM2 with each MLP cut into 16 experts and a trained router choosing 2 per token: "
+            "the routing of the first 12 tokens of your batch, the load on each expert over the whole batch, "
+            "per-expert batch size as the batch grows, what dropping experts costs in perplexity, and one "
+            "layer's experts spread over worker processes.",
             ("A mixture-of-experts (MoE) model replaces the single MLP of each block with many smaller ones, "
              "called experts, and adds a router that picks a few of them for each token. A token runs only "
              "through its chosen experts, so the arithmetic per token follows the active parameters, while "
              "memory must hold all of them.",
-             "The widget uses a variant of SmolLM2 built for this page: each block's MLP is cut into 16 experts, "
-             "and a learned router sends each token to its top 2. You see the choices for the first 12 tokens of "
-             "a batch and a histogram of how many tokens each expert received across the whole batch. Note how "
-             "even, or uneven, the load is.",
+             "The widget uses a variant of SmolLM2 made for this page, not trained as an MoE. An MLP is a sum "
+             "of what each of its {intermediate_size:,} hidden units adds, so cutting the units into 16 groups of "
+             "{moe_expert_units} gives 16 experts whose sum is exactly the original MLP; this is called "
+             "MoEfication. Units that fire on the same tokens were grouped together, and a small router per "
+             "layer was trained to pick the 2 experts that add the most to each token. You see the choices for "
+             "the first 12 tokens of your batch and how many tokens each expert received over all of it.",
+             "Two experts of 16 skip seven eighths of the MLP's arithmetic, and a model carved out of a dense "
+             "one pays for that in quality: the perplexity table, computed on held-out text, climbs as experts "
+             "are dropped and comes back to the dense model's with all 16. Models trained as an MoE from the "
+             "start, such as Mixtral or DeepSeek-V3, learn experts that each carry a token on their own.",
              "Routing splits the batch. With 2 of 16 experts per token, a batch of B tokens gives each expert "
              "B/8 tokens on average; DeepSeek-V3 picks 8 of its 256 routed experts, so each gets only B/32. "
              "Small per-expert batches bring back the thin matrices that [batching](#gemm) is meant to avoid, so "
-             "an MoE needs large batches to pay off.",
+             "an MoE needs large batches to pay off, and an uneven load makes every step wait for the busiest "
+             "expert.",
              "Large MoE models spread their experts over many devices, which is called expert parallelism: each "
-             "token is sent to the device holding its expert, and the result is sent back. The widget does this "
-             "across real processes, so the cost of that exchange is measured, not assumed.")),
+             "token is sent to the device holding its expert, and the result is sent back, in two all-to-all "
+             "exchanges per layer. The widget does this across real processes, checks that the output is the "
+             "one a single process computes, and measures the exchange.")),
     Section(20, "efficiency", "Efficiency tricks", ("quantization", "speculative"), ("live", "measured"),
             "Quantization of SmolLM2's weights to bf16, int8 and int4 with measured memory, speed and shifts in "
             "the top candidates, and speculative decoding with a draft's accepted and rejected tokens, the "
@@ -459,10 +468,12 @@ _BY_WIDGET = {name: section for section in SECTIONS for name in section.widgets}
 
 def facts(info: dict) -> dict:
     """The running model's figures for the prose's {placeholders}, from the engine's info()."""
-    real = info["model"] == "smollm2-135m"
+    real = info["model"].startswith("smollm2-135m")
     embedding = info["vocab_size"] * info["hidden_size"]
     return {**info,
-            "model_label": "SmolLM2-135M-Instruct" if real else f"the {info['model']} model",
+            "model_label": ("SmolLM2-135M-Instruct" + (" (cut into experts)" if "moe" in info["model"] else "")
+                            if real else f"the {info['model']} model"),
+            "moe_expert_units": info["intermediate_size"] // 16,   # the moe widget's 16 experts
             "group": info["num_heads"] // info["num_kv_heads"],
             "rope_pairs": info["head_dim"] // 2,
             "kv_values_per_token": 2 * info["num_layers"] * info["num_kv_heads"] * info["head_dim"],

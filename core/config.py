@@ -38,6 +38,13 @@ class ModelConfig:
     tie_word_embeddings: bool = True
     bos_token_id: int = 1
     eos_token_id: int = 2
+    num_experts: int = 0              # mixture of experts: experts per MLP (0: one dense MLP, see moe.py)
+    num_experts_per_token: int = 0    # ... and how many of them the router picks for each token (top-k)
+
+    @property
+    def expert_size(self) -> int:
+        """Hidden units of one expert: the MLP's width split evenly (0 for a dense MLP)."""
+        return self.intermediate_size // self.num_experts if self.num_experts else 0
 
     @property
     def kv_values_per_token(self) -> int:

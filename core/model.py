@@ -2,7 +2,8 @@
 
 SmolLM2-135M is a Llama: token embedding -> 30 x [RMSNorm -> grouped-query attention with RoPE
 -> residual add -> RMSNorm -> SwiGLU MLP -> residual add] -> RMSNorm -> logits through the same
-embedding matrix (tied). Shapes below: T tokens in the packed batch, C = hidden size, H query
+embedding matrix (tied). A config with experts (num_experts > 0) gets a mixture-of-experts MLP in
+every block instead (moe.py). Shapes below: T tokens in the packed batch, C = hidden size, H query
 heads and Hkv key/value heads of size D, V vocabulary.
 
 The linear layers keep their fp32 weight (what checkpoints load and the widgets read) and
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from .attention import PagedBatch, causal_attention, paged_attention
 from .config import ModelConfig, WeightFormat
 from .gemm import PackedLinear, linear, linear_q4, pack_q4_1
+from .moe import Experts, MoEMLP
 
 
 class Linear(nn.Module):
@@ -126,7 +128,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = Attention(cfg, layer)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoEMLP(cfg) if cfg.num_experts else MLP(cfg)   # experts and a router (moe.py), or one MLP
 
     def forward(self, x, positions, rotary, batch=None):  # x: (T, C)
         x = x + self.attn(self.attn_norm(x), positions, rotary, batch)
@@ -165,7 +167,7 @@ class Transformer(nn.Module):
         if fmt is WeightFormat.FP32:
             return
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, Experts)):
                 module.pack(fmt)
         emb = self.embed_tokens.weight
         if fmt is WeightFormat.BF16:

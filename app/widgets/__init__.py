@@ -8,8 +8,8 @@ this list.
 """
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
-               kv_cache, kv_memory, paging, phases, pipeline, positions, prefix_cache, slo, tensor_parallel,
-               throughput_latency, tokenizer)
+               kv_cache, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache, slo,
+               tensor_parallel, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -30,6 +30,7 @@ WIDGETS = [
     prefix_cache.WIDGET,
     tensor_parallel.WIDGET,
     pipeline.WIDGET,
+    moe.WIDGET,
     slo.WIDGET,
     economics.WIDGET,
 ]

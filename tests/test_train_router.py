@@ -1,0 +1,86 @@
+"""toy_models/moe.py and train_router.py: the shipped router files of smollm2-135m-moe16, their
+perplexity table (checked against transformers on the same held-out text), and the command that
+remakes them, run in its quick mode."""
+
+import math
+
+import pytest
+import torch
+
+from toy_models.moe import DATA, WEIGHTS_FILE, derive, read_files
+from toy_models.train_router import QUICK, Settings, main, text_pieces
+
+
+def check_table(table: dict) -> None:
+    ppl = table["perplexity"]
+    assert set(ppl) == {"dense", "1", "2", "4", "8", "16"}
+    for key, value in ppl.items():
+        assert value == pytest.approx(math.exp(table["nll_sum"][key] / table["predicted_tokens"]), rel=1e-12)
+    assert ppl["16"] == pytest.approx(ppl["dense"], rel=1e-4)        # every expert: the dense MLP
+    assert table["predicted_tokens"] == table["text"]["eval_chunks"] * (table["text"]["chunk_tokens"] - 1)
+    assert sum(table["dense_nll_per_piece"]) == pytest.approx(table["nll_sum"]["dense"], rel=1e-12)
+    assert "pydoc_data.topics" in table["text"]["source"]
+
+
+def check_files(files, layers: int = 30) -> None:
+    assert len(files.units) == len(files.routers) == layers
+    for units, router in zip(files.units, files.routers):
+        assert sorted(units.tolist()) == list(range(1536))             # every unit once
+        assert router.shape == (16, 576) and torch.isfinite(router).all()
+
+
+def test_the_shipped_files_are_small_and_complete():
+    assert (DATA / WEIGHTS_FILE).stat().st_size < 1.5e6
+    files = read_files()
+    check_files(files)
+    table = files.table
+    check_table(table)
+    assert table["made_by"] == "python -m toy_models.train_router"
+    assert (table["model"], table["dense_model"], table["experts"], table["router_top_k"]) == \
+        ("smollm2-135m-moe16", "smollm2-135m", 16, 2)
+    assert table["text"]["eval_tokens"] >= 2000 and table["text"]["calibration_tokens"] >= 6000
+    ppl = table["perplexity"]
+    assert ppl["1"] > ppl["2"] > ppl["4"] > ppl["8"] > ppl["dense"]  # more experts, closer to dense
+
+
+@pytest.mark.real_model
+def test_the_held_out_topics_are_not_calibration_text(smollm_loaded):
+    table = read_files().table
+    s = Settings(**{**table["settings"], "top_ks": tuple(table["settings"]["top_ks"])})
+    calib, held, about = text_pieces(smollm_loaded.tokenizer, s)
+    assert about["held_out_topics"] == table["text"]["held_out_topics"]
+    assert len(held) == table["text"]["eval_chunks"] and len(calib) * s.chunk_tokens == table["text"]["calibration_tokens"]
+    import pydoc_data.topics as docs
+    names = sorted(docs.topics)
+    assert set(about["held_out_topics"]) == set(names[s.held_out_every - 1::s.held_out_every])
+
+
+@pytest.mark.real_model
+def test_the_dense_perplexity_matches_transformers(hf_reference, smollm_loaded):
+    """The table's dense column, piece by piece, recomputed by transformers on the same GGUF."""
+    import torch.nn.functional as F
+    table = read_files().table
+    s = Settings(**{**table["settings"], "top_ks": tuple(table["settings"]["top_ks"])})
+    _, held, _ = text_pieces(smollm_loaded.tokenizer, s)
+    model, _ = hf_reference
+    for ids, stored in list(zip(held, table["dense_nll_per_piece"]))[:2]:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1]
+        nll = F.cross_entropy(logits.float(), torch.tensor(ids[1:]), reduction="sum").item()
+        assert nll == pytest.approx(stored, rel=1e-4)
+
+
+@pytest.mark.real_model
+def test_the_command_remakes_the_files_in_quick_mode(tmp_path, capsys):
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    files = read_files(tmp_path)
+    check_files(files)
+    check_table(files.table)
+    assert files.table["made_by"].endswith("--quick")
+    assert files.table["text"]["eval_tokens"] == QUICK.eval_tokens
+    from toy_models import load_model
+    dense = load_model("smollm2-135m")
+    cfg, sd = derive(dense.config, dense.state_dict, files)                 # the files make a model
+    assert (cfg.num_experts, cfg.num_experts_per_token) == (16, 2)
+    assert torch.equal(sd["layers.3.mlp.router.weight"], files.routers[3])

@@ -1,0 +1,205 @@
+"""Widget `moe` (section 19): a batch routed through the MoE model, and one layer run with its experts
+in worker processes. The routing is checked against the MoE model run independently (a whole
+forward pass with hooks, not the widget's sliced probe), the expert-parallel output against the
+layer in one process, the perplexity figures against the stored table and transformers."""
+
+import os
+
+import pytest
+import torch
+
+from conftest import figure_value, on_a_phone, shoot_widget, wait_ready, worker_processes
+
+MOE = '[data-widget="moe"]'
+TEXTS = ["The cat sat on the mat.", "def f(x): return x + 1", "Paris is in France."]
+DEFAULT_TEXTS = [   # the widget's defaults (static/js/widgets/moe.js)
+    "The cat sat on the mat and watched the rain run down the window.",
+    "def mean(values): return sum(values) / len(values)",
+    "In 1969 about 600 million people watched Apollo 11 land on the Moon.",
+    "Bonjour, je m'appelle Marie et j'habite à Paris.",
+]
+
+
+def test_moe_registers_two_jobs():
+    from app.widgets import BY_NAME
+    route, parallel = BY_NAME["moe"].messages
+    assert route.type == "moe" and route.job and route.fields == {"texts", "top_k"}
+    assert parallel.type == "moe-parallel" and parallel.job
+    assert parallel.fields == {"texts", "top_k", "layer", "workers", "run"}
+
+
+def test_moe_refuses_bad_input_naming_the_field(ws):
+    long = " ".join(["word"] * 80)                       # more than the live server's 64 tokens
+    for kind, fields, param in [
+        ("moe", {}, "texts"), ("moe", {"texts": "one text"}, "texts"), ("moe", {"texts": []}, "texts"),
+        ("moe", {"texts": ["a"] * 9}, "texts"), ("moe", {"texts": ["ok", ""]}, "texts"),
+        ("moe", {"texts": ["ok", 3]}, "texts"), ("moe", {"texts": [long]}, "texts"),
+        ("moe", {"texts": TEXTS, "top_k": 3}, "top_k"), ("moe", {"texts": TEXTS, "top_k": "2"}, "top_k"),
+        ("moe-parallel", {"texts": TEXTS, "layer": 2}, "layer"),          # tiny has layers 0 and 1
+        ("moe-parallel", {"texts": TEXTS, "layer": 0, "workers": 3}, "workers"),
+        ("moe-parallel", {"texts": TEXTS, "layer": 0, "workers": 8}, "workers"),
+        ("moe-parallel", {"texts": TEXTS, "layer": 0, "run": -1}, "run"),
+        ("moe-parallel", {"texts": TEXTS, "layer": 0, "top_k": 0}, "top_k"),
+    ]:
+        err = ws.error({"type": kind, "id": "bad", **fields}, "bad")
+        assert err["param"] == param, (kind, fields, err)
+        assert param in err["message"]
+    assert ws.job("moe", texts=["still usable"])["type"] == "moe"
+
+
+def independent_routing(loaded, texts: list[str], k: int):
+    """Each layer's router logits over the batch, from whole forward passes of a separately derived
+    MoE model (the widget runs its own cached model block by block)."""
+    import dataclasses
+
+    from core.model import Transformer
+    from toy_models.moe import derive, files_for
+
+    cfg, sd = derive(loaded.config, loaded.state_dict, files_for(loaded.config))
+    model = Transformer.from_state_dict(dataclasses.replace(cfg, num_experts_per_token=k), sd)
+    logits = [[] for _ in model.layers]
+    hooks = [b.mlp.router.register_forward_hook(lambda m, a, out, i=i: logits[i].append(out))
+             for i, b in enumerate(model.layers)]
+    ids = [loaded.tokenizer.encode(t) for t in texts]
+    with torch.inference_mode():
+        for seq in ids:
+            model(torch.tensor(seq), torch.arange(len(seq)))
+    for h in hooks:
+        h.remove()
+    return [torch.cat(x) for x in logits], ids, model
+
+
+def check_routing(r, loaded, texts, k):
+    from core.moe import route
+    logits, ids, _ = independent_routing(loaded, texts, k)
+    T = sum(map(len, ids))
+    assert r["batch_tokens"] == T and r["texts"] == len(texts) and r["top_k"] == k
+    assert r["experts"] == 16 and r["num_layers"] == loaded.config.num_layers
+    assert [t["id"] for t in r["tokens"]] == [t for seq in ids for t in seq][:12]
+    for i, layer in enumerate(r["layers"]):
+        chosen = route(logits[i], k)                                          # (T, k)
+        assert layer["load"] == torch.bincount(chosen.reshape(-1), minlength=16).tolist()
+        assert layer["first"] == chosen[:12].tolist()
+        probs = logits[i][:12].softmax(-1).gather(1, chosen[:12])
+        assert torch.tensor(layer["first_probs"]) == pytest.approx(probs, abs=1e-4)
+        split = layer["split"]
+        assert split["sizes"][-1] == T and split["sizes"][0] == 1
+        assert split["even"] == pytest.approx([b * k / 16 for b in split["sizes"]], abs=1e-4)
+        # the whole batch is one draw however it is drawn
+        assert split["largest"][-1] == max(layer["load"])
+        assert split["active"][-1] == sum(c > 0 for c in layer["load"])
+        assert split["mean_active"][-1] == pytest.approx(T * k / split["active"][-1], abs=1e-4)
+        assert split["largest"][0] == 1 and split["active"][0] == k       # one token: k experts, one row each
+
+
+def test_moe_routes_the_batch_on_the_tiny_model(ws, tiny_loaded):
+    r = ws.job("moe", texts=TEXTS, top_k=2)
+    assert r["type"] == "moe" and r["routers"] == "random"
+    assert r["table"] is None and r["perplexity_dense"] is None and r["perplexity_topk"] is None
+    check_routing(r, tiny_loaded, TEXTS, 2)
+    r4 = ws.job("moe", texts=TEXTS, top_k=4)
+    check_routing(r4, tiny_loaded, TEXTS, 4)
+
+
+def test_moe_parallel_equals_one_process_and_leaves_no_worker(ws, tiny_loaded):
+    from core.moe import route
+    r = ws.job("moe-parallel", texts=TEXTS, top_k=2, layer=1, workers=2, timeout=180)
+    assert r["type"] == "moe-parallel", r
+    assert (r["layer"], r["workers"], r["top_k"], r["run"]) == (1, 2, 2, 0)
+    assert r["max_abs_diff"] <= 1e-6
+    logits, ids, _ = independent_routing(tiny_loaded, TEXTS, 2)
+    chosen = route(logits[1], 2)
+    T = sum(map(len, ids))
+    assert r["batch_tokens"] == T and sum(r["tokens"]) == T
+    for i, shard in enumerate(torch.arange(T).tensor_split(2)):              # rank i's tokens
+        assert r["sent"][i] == torch.bincount((chosen[shard] // 8).reshape(-1), minlength=2).tolist()
+    assert r["experts"] == [[0, 8], [8, 16]] and r["runs"] == 5 and r["worker_threads"] == 1
+    assert r["alltoall_ms"] > 0 and r["total_ms"] >= r["alltoall_ms"]
+    assert r["alltoall_ms"] == sorted(r["alltoall_runs_ms"])[2]               # the median of 5
+    assert worker_processes(os.getpid()) == []
+
+
+def test_the_jobs_run_in_short_slices(tiny_loaded):
+    """Every slice is a piece of a probe pass or a poll of the workers: the job yields Progress only,
+    many times, and leaves the serving engine alone."""
+    from app.jobs import Progress
+    from app.widgets.moe import parallel_job, route_job
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+    from core.workers import ProcessBudget
+
+    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    ids = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
+    for gen in (route_job(engine, ids, 2), parallel_job(engine, ids, 2, 0, 2, 0, ProcessBudget(2), 120)):
+        items = []
+        while True:
+            try:
+                items.append(next(gen))
+            except StopIteration as stop:
+                r = stop.value
+                break
+        assert all(isinstance(i, Progress) and 0 <= i.done <= i.total and i.note for i in items)
+        assert len(items) >= len(ids) * 2                  # several slices per text and layer
+    assert r["max_abs_diff"] <= 1e-6
+    assert engine.stats()["kv"]["used_blocks"] == 0
+
+
+@pytest.mark.real_model
+def test_moe_on_the_real_model_matches_an_independent_run_and_the_stored_table(real_ws, smollm_loaded):
+    from toy_models.moe import read_files
+    r = real_ws.job("moe", texts=TEXTS, top_k=2, timeout=300)
+    assert r["type"] == "moe", r
+    assert r["routers"] == "trained" and r["model"] == "smollm2-135m-moe16" and r["expert_size"] == 96
+    table = read_files().table
+    assert r["table"] == table
+    assert r["perplexity_dense"] == table["perplexity"]["dense"] and r["perplexity_topk"] == table["perplexity"]["2"]
+    check_routing(r, smollm_loaded, TEXTS, 2)
+
+
+@pytest.mark.browser
+@pytest.mark.real_model
+def test_moe_page_shows_the_figures_and_leaves_no_worker(pg, real_ws, server, smollm_loaded, artifacts_dir):
+    from toy_models.moe import read_files
+    shoot_widget(pg, "moe", artifacts_dir, ready_timeout=300_000)
+    page = pg.page
+    pg.goto("/embed/moe?top_k=4&layer=20&workers=4")
+    wait_ready(page, MOE, 300_000)
+    assert page.input_value(f'{MOE} select[name="top_k"]') == "4"
+    assert page.input_value(f'{MOE} select[name="layer"]') == "20"
+    assert page.input_value(f'{MOE} select[name="workers"]') == "4"
+    table = read_files().table
+    assert figure_value(page, "experts") == 16
+    assert figure_value(page, "top_k") == 4
+    assert figure_value(page, "batch_tokens") == sum(len(smollm_loaded.tokenizer.encode(t)) for t in DEFAULT_TEXTS)
+    assert figure_value(page, "perplexity_dense") == pytest.approx(table["perplexity"]["dense"], rel=1e-12)
+    assert figure_value(page, "perplexity_topk") == pytest.approx(table["perplexity"]["4"], rel=1e-12)
+    p = real_ws.job("moe-parallel", texts=DEFAULT_TEXTS, top_k=4, layer=20, workers=4, run=0)   # from the cache
+    assert figure_value(page, "alltoall_ms") == pytest.approx(p["alltoall_ms"], rel=1e-12)
+    assert p["max_abs_diff"] <= 1e-6 and p["workers"] == 4
+    assert page.locator(f"{MOE} .moe-routing svg path").count() == 12 * 4              # a line per choice
+    assert page.locator(f"{MOE} .moe-load .trace.bars .point").count() == 16           # a bar per expert
+    pg.assert_clean()
+    snippet = on_a_phone(pg, "moe", "?moe.top_k=4&moe.workers=4", artifacts_dir, 300_000)
+    assert "/embed/moe?" in snippet and "top_k=4" in snippet and "workers=4" in snippet
+    pg.assert_clean()
+    assert worker_processes(server.proc.pid) == []
+
+
+def test_an_abandoned_parallel_job_closes_its_workers(tiny_loaded):
+    """The job runner closes the generator of a job nobody waits for: its workers go with it."""
+    import time
+
+    from app.widgets.moe import parallel_job
+    from core.config import EngineConfig
+    from core.engine import LLMEngine
+    from core.workers import ProcessBudget
+
+    engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    budget = ProcessBudget(4)
+    gen = parallel_job(engine, [tiny_loaded.tokenizer.encode(TEXTS[0])], 2, 1, 4, 0, budget, 120)
+    deadline = time.monotonic() + 60
+    while budget.in_use == 0 and time.monotonic() < deadline:   # up to the slice that starts them
+        next(gen)
+    assert budget.in_use == 4 and worker_processes(os.getpid())
+    gen.close()
+    assert budget.in_use == 0 and worker_processes(os.getpid()) == []
