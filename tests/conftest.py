@@ -500,33 +500,6 @@ def healthz(server) -> dict:
         return json.load(resp)
 
 
-def worker_processes(root: int) -> list[int]:
-    """Worker processes (multiprocessing's spawned children, core/workers.py) alive anywhere under
-    process `root`: its descendants whose command line runs spawn_main, zombies left out."""
-    parents, cmdlines = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)], cmdlines[int(entry)] = int(fields[1]), cmdline
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid:
-                frontier.append(child)
-                if "spawn_main" in cmdlines[child]:
-                    found.append(child)
-    return found
-
-
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:

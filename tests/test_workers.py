@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import alive
 from core.errors import InvalidParameter
 from core.workers import ProcessBudget, WorkerError, WorkerGroup, WorkerTimeout, start_in_slices, wait_in_slices
 
@@ -34,18 +35,6 @@ def fail_on_one(rank, world_size):
 def sleep_long(rank, world_size, seconds):
     time.sleep(seconds)
     return os.getpid()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:   # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_every_rank_runs_in_one_group_and_returns_its_result():
