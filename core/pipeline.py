@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     import argparse
 
     from .models import load
-    from .workers import WorkerGroup
+    from .workers import WorkerGroup, launched_by_torchrun, run_torchrun_rank
 
     parser = argparse.ArgumentParser(prog="python -m core.pipeline",
                                      description="Run the model as a pipeline and compare with one process.")
@@ -190,15 +190,9 @@ def main(argv=None) -> int:
         parser.error("nothing to do: pass --check")
     batch = check_batch(load(args.model).tokenizer, args.microbatches, args.tokens)
     settings = PPSettings(schedules=(args.microbatches,))
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:     # started by torchrun: env:// rendezvous
-        from datetime import timedelta
-        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.timeout))
-        stages = dist.get_world_size()
-        try:
-            out = pp_worker(dist.get_rank(), stages, args.model, batch, settings)
-        finally:
-            dist.destroy_process_group()
-        if out["rank"] != stages - 1:
+    if launched_by_torchrun():
+        rank, stages, out = run_torchrun_rank(pp_worker, (args.model, batch, settings), args.timeout)
+        if rank != stages - 1:
             return 0
         bubble = None                            # machines do not share a monotonic clock
         note = "(no bubble measured: each machine has its own clock) "

@@ -253,10 +253,9 @@ def summary(out: dict, degree: int) -> tuple[bool, str]:
 
 def main(argv=None) -> int:
     import argparse
-    import os
 
     from .models import load
-    from .workers import WorkerGroup
+    from .workers import WorkerGroup, launched_by_torchrun, run_torchrun_rank
 
     parser = argparse.ArgumentParser(prog="python -m core.tensor_parallel",
                                      description="Run the model tensor-parallel and compare with one process.")
@@ -270,15 +269,9 @@ def main(argv=None) -> int:
         parser.error("nothing to do: pass --check")
     ids = load(args.model).tokenizer.encode(args.prompt)
     settings = TPSettings()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:     # started by torchrun: env:// rendezvous
-        from datetime import timedelta
-        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.timeout))
-        degree = dist.get_world_size()
-        try:
-            out = tp_worker(dist.get_rank(), degree, args.model, ids, settings)
-        finally:
-            dist.destroy_process_group()
-        if out["rank"] != 0:
+    if launched_by_torchrun():
+        rank, degree, out = run_torchrun_rank(tp_worker, (args.model, ids, settings), args.timeout)
+        if rank != 0:
             return 0
     else:
         degree = args.degree

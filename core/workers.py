@@ -207,6 +207,24 @@ def _worker_main(rank, world_size, init_method, timeout_s, threads, parent_pid, 
         results.put((rank, False, traceback.format_exc(limit=8)))
 
 
+def launched_by_torchrun() -> bool:
+    """torchrun (or any env:// launcher) started this process as one rank of a group."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_torchrun_rank(target, args: tuple = (), timeout_s: float = 300.0):
+    """Run target(rank, world_size, *args) as this process's rank of the group torchrun set up
+    (env:// rendezvous, across machines too): -> (rank, world_size, its result)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        return rank, world_size, target(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
 def wait_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
     """A job's slices while `group` runs (the job runner's side of the pool): each slice waits for
     the workers at most `poll_s` when the serving engine is idle and not at all when it is busy,
@@ -229,4 +247,5 @@ def start_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
         yield None
 
 
-__all__ = ["WorkerGroup", "ProcessBudget", "WorkerError", "WorkerTimeout", "wait_in_slices", "start_in_slices"]
+__all__ = ["WorkerGroup", "ProcessBudget", "WorkerError", "WorkerTimeout", "wait_in_slices", "start_in_slices",
+           "launched_by_torchrun", "run_torchrun_rank"]

@@ -71,3 +71,24 @@ def test_pipeline_output_is_bit_equal_to_one_process(smol, stages):
         if m == 1:           # one microbatch: the stages run one after another, never overlapping
             assert measured >= bubble_formula(stages, 1) - 1e-9
     assert not any(alive(r["pid"]) for r in results)
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_the_check_command_runs_here_and_under_torchrun(torchrun):
+    """`python -m core.pipeline --check` (the README's command), with its own stage processes and
+    as torchrun's ranks (env:// rendezvous: the path that spans machines, no shared clock)."""
+    import os
+    import subprocess
+    import sys
+
+    if torchrun:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc-per-node", "2",
+               "-m", "core.pipeline", "--check", "--model", "tiny", "--microbatches", "3", "--tokens", "8"]
+    else:
+        cmd = [sys.executable, "-m", "core.pipeline", "--check", "--model", "tiny", "--stages", "2",
+               "--microbatches", "3", "--tokens", "8"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "bit-equal to one process" in out.stdout and "PASS" in out.stdout
+    assert ("no bubble measured" in out.stdout) == torchrun

@@ -106,3 +106,22 @@ def test_tiny_model_split_with_kv_heads_copied(tiny_loaded):
     assert float((torch.from_numpy(results[0]["logits"]) - logits).abs().max()) <= 1e-4
     assert results[0]["tokens"] == tokens
     assert not any(alive(r["pid"]) for r in results)
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_the_check_command_runs_here_and_under_torchrun(torchrun):
+    """`python -m core.tensor_parallel --check` (the README's command), with its own worker
+    processes and as torchrun's ranks (env:// rendezvous: the path that spans machines)."""
+    import os
+    import subprocess
+    import sys
+
+    if torchrun:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc-per-node", "2",
+               "-m", "core.tensor_parallel", "--check", "--model", "tiny"]
+    else:
+        cmd = [sys.executable, "-m", "core.tensor_parallel", "--check", "--model", "tiny", "--degree", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS" in out.stdout and "2" in out.stdout
