@@ -58,11 +58,10 @@ class ProcessBudget:
             raise InvalidParameter("world_size", f"needs {n} worker processes, more than this server allows "
                                                  f"at once ({self.limit}, max_worker_processes)")
         with self._cond:
-            return self._cond.wait_for(lambda: self.in_use + n <= self.limit, timeout=timeout) and self._take(n)
-
-    def _take(self, n: int) -> bool:
-        self.in_use += n
-        return True
+            if not self._cond.wait_for(lambda: self.in_use + n <= self.limit, timeout=timeout):
+                return False
+            self.in_use += n
+            return True
 
     def release(self, n: int) -> None:
         with self._cond:

@@ -23,6 +23,7 @@ Messages:
 """
 
 import dataclasses
+import weakref
 
 import torch
 
@@ -62,27 +63,36 @@ class MoEModel:
         return self._by_k[k]
 
 
-_cache: dict = {"model": None, "gen": None, "value": None}   # one serving model's MoE variant
+class _Derivation:
+    """One model's MoE variant: being derived (gen) or ready (value)."""
+
+    def __init__(self):
+        self.gen, self.value = None, None
+
+
+_DERIVED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # serving model -> its _Derivation
 
 
 def moe_model(engine):
     """Slices until the MoE variant of the serving engine's model is ready; returns it. Jobs run
-    on the engine loop's one thread, so a derivation begun by one job is carried on by the next."""
-    if _cache["model"] is not engine.model:
-        _cache.update(model=engine.model, gen=None, value=None)
-    while _cache["value"] is None:
-        if _cache["gen"] is None:
-            _cache["gen"] = derive(engine)
+    on the engine loop's one thread, so a derivation begun by one job is carried on by the next;
+    kept per model (two apps in a process, e.g. tests, never share one, nor keep an old model alive)."""
+    state = _DERIVED.get(engine.model)
+    if state is None:
+        state = _DERIVED[engine.model] = _Derivation()
+    while state.value is None:
+        if state.gen is None:
+            state.gen = derive(engine)
         try:
-            layer = next(_cache["gen"])
+            layer = next(state.gen)
         except StopIteration as stop:
-            _cache.update(gen=None, value=stop.value)
+            state.gen, state.value = None, stop.value
             break
         except BaseException:
-            _cache["gen"] = None
+            state.gen = None
             raise
         yield Progress(layer + 1, engine.model_config.num_layers, "cutting each MLP into experts (once)")
-    return _cache["value"]
+    return state.value
 
 
 def derive(engine):
