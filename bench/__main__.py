@@ -13,11 +13,10 @@ bench/results/latest.json and prints the table with ratios to each peer and the 
 
 import os
 
-# libgomp reads its wait policy once, when torch loads it. Its default spins a waiting thread
-# for a while; with more runnable threads than cores (another process busy on the machine) a
-# spinning thread burns the slice its partner needs, and a decode step of ~100 parallel regions
-# slows down tenfold or more. Passive waiting costs little on a quiet machine (see README).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp reads how long a waiting thread spins once, when torch loads it: core sets a short spin
+# before torch comes (core/cpu_share.py says why and how the engine then shares the CPU).
+# llama.cpp loads the system's own libgomp later, and gets its defaults back, as a user has them.
+from core.config import OMP_DEFAULTS_SET  # noqa: E402  (before torch)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -29,6 +28,9 @@ from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+
+for _name in OMP_DEFAULTS_SET:  # torch's libgomp has read them; llama.cpp's has not
+    os.environ.pop(_name, None)
 
 from . import limits, report  # noqa: E402
 
@@ -119,6 +121,7 @@ def run(args) -> dict:
                 for p in rivals:
                     p.start()
                 load = os.getloadavg()[0]
+                torch.set_num_threads(threads)  # ours may have dropped to fewer beside a busy process
                 try:
                     value = getattr(system, scenario["kind"])(*scenario["args"])
                 finally:
@@ -139,7 +142,8 @@ def run(args) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads,
                     "torch": torch.__version__, "python": platform.python_version(),
-                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                    "omp": {"ours and transformers (torch's libgomp)": OMP_DEFAULTS_SET or "the user's",
+                            "llama.cpp (the system's libgomp)": "its defaults"},
                     "load_before": load_before, "load_after": os.getloadavg()},
         "quick": args.quick,
         "duration_s": time.perf_counter() - started,

@@ -11,15 +11,19 @@ from enum import Enum
 
 from .errors import InvalidParameter, is_int
 
-# OpenMP's wait policy, read once when torch loads libgomp (core/__init__ imports this module
-# before anything imports torch; set the variable yourself if torch is imported first). The
-# default spins a waiting thread; with another process busy on the same cores a spinning thread
-# takes the slice its partner needs. Measured here with load ~4 on 2 cores, q4_1 decode alone:
-# 0.6 token/s on 2 spinning threads, 42 on 2 passive ones, 42 on one thread. Passive waiting
-# costs a wake-up per parallel region instead. An explicit setting wins. LLMEngine logs a
-# warning when torch came first and the policy could not reach OpenMP (OMP_POLICY_APPLIED).
-OMP_POLICY_APPLIED = "OMP_WAIT_POLICY" in os.environ or "torch" not in sys.modules
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How long an OpenMP thread spins before it sleeps, read once when torch loads libgomp (core's
+# __init__ imports this module before anything imports torch). A decode step is ~100 parallel
+# regions: sleeping at once (OMP_WAIT_POLICY=PASSIVE) pays a slow wake-up in each, 32-36 tokens/s
+# here; a short spin keeps threads hot between them, 65. Spinning starves a partner thread when
+# another process is busy on the same cores, so the server runs on the cores others leave free
+# (cpu_share.py). Either variable set by the user wins. LLMEngine logs a warning when torch came
+# first and the setting could not reach OpenMP (OMP_POLICY_APPLIED).
+OMP_SPIN_COUNT = "10000"
+OMP_POLICY_APPLIED = ("OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
+                      or "torch" not in sys.modules)
+OMP_DEFAULTS_SET = {}  # what core set itself (the benchmark takes it back for its peers)
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = OMP_DEFAULTS_SET["GOMP_SPINCOUNT"] = OMP_SPIN_COUNT
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling: Scheduling = Scheduling.CONTINUOUS
-    num_threads: int | None = None        # torch threads; None: torch's default (one per core)
+    num_threads: int | None = None        # the most torch threads the server's engine uses (None: one per core
+                                          # it may run on)
+    share_cpu: bool = True                # before each step, use only the cores other processes leave free
+                                          # (cpu_share.py); False: num_threads (if set) all the time
     weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16 or q4_1 (fastest)
     lm_head_candidates: int = 64          # bf16/q4_1: top logits recomputed exactly in fp32
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets
@@ -103,6 +110,8 @@ class EngineConfig:
         if not is_int(self.chunk_context_tokens) or self.chunk_context_tokens < 0:
             raise InvalidParameter("chunk_context_tokens", f"must be a non-negative integer (0: off), "
                                    f"got {self.chunk_context_tokens!r}")
+        if not isinstance(self.share_cpu, bool):
+            raise InvalidParameter("share_cpu", f"must be true or false, got {self.share_cpu!r}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):

@@ -18,7 +18,8 @@ import torch
 
 from . import models
 from .block_manager import BlockManager
-from .config import OMP_POLICY_APPLIED, EngineConfig
+from .config import OMP_POLICY_APPLIED, OMP_SPIN_COUNT, EngineConfig
+from .cpu_share import CpuShare
 from .errors import ContextLengthExceeded, InvalidParameter, is_int
 from .kv_cache import BYTES_PER_VALUE, KVCache
 from .model import Transformer
@@ -37,14 +38,20 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None):
         """loaded: the model (config, state_dict, tokenizer, source), e.g. from core.models.load;
-        None loads config.model by name. Creating an engine changes nothing process-wide (no
-        thread count, no global seed), so a second engine can sit beside the serving one."""
+        None loads config.model by name. The only process-wide thing an engine touches is torch's
+        thread count: with share_cpu it sets it before each step to the cores other processes
+        leave free (cpu_share.py), else to num_threads once if given. No global seed, so a second
+        engine can sit beside the serving one (sibling() engines leave the thread count alone)."""
         loaded = loaded or models.load(config.model, config.cache_dir)
         if not OMP_POLICY_APPLIED and config.num_threads != 1:
-            log.warning("torch was imported before sendlens' core, so OpenMP threads spin while they wait: "
-                        "beside another busy process decode can run 50 times slower. Import core first, "
-                        "or set OMP_WAIT_POLICY=PASSIVE (or num_threads=1).")
+            log.warning("torch was imported before sendlens' core, so OpenMP keeps its default spin "
+                        "(long): beside another busy process decode runs several times slower until "
+                        "the engine drops to the free cores. Import core first, or set "
+                        f"GOMP_SPINCOUNT={OMP_SPIN_COUNT}.")
         self.config = config
+        self.cpu_share = CpuShare(config.num_threads) if config.share_cpu else None
+        if not config.share_cpu and config.num_threads:
+            torch.set_num_threads(config.num_threads)
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
         self.tokenizer = loaded.tokenizer
@@ -72,6 +79,7 @@ class LLMEngine:
         scheduler and trace, and `settings` (any EngineConfig field) changed: for experiments that
         run beside the serving engine (the widgets' timing jobs) without touching its state."""
         loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source)
+        settings = {"share_cpu": False, "num_threads": None, **settings}  # the serving engine sets threads
         return LLMEngine(dataclasses.replace(self.config, **settings), loaded)
 
     # -- requests ----------------------------------------------------------------------------
@@ -142,6 +150,8 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that got a token or finished."""
+        if self.cpu_share is not None:
+            self.cpu_share.update()
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if not sched.scheduled:

@@ -229,10 +229,29 @@ def assert_bit_identical(results):
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "q4_1"])
 def test_logits_are_bit_identical_in_any_batch_tiny(make_tiny_engine, threads, fmt):
-    engine = make_tiny_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt)
+    engine = make_tiny_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt, share_cpu=False)
     target = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
     assert len(target) > 10
     assert_bit_identical(invariance_cases(engine, target))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "q4_1"])
+def test_logits_are_bit_identical_with_one_or_two_threads(make_tiny_engine, fmt):
+    """The engine changes its thread count while it serves (cpu_share.py), so a request must get
+    the same bits whichever count a step ran with."""
+    target = make_tiny_engine().tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
+    before = torch.get_num_threads()
+    results = {}
+    try:
+        for n in (1, 2):
+            engine = make_tiny_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt,
+                                      share_cpu=False, num_threads=n)
+            assert torch.get_num_threads() == n
+            for case, logits in invariance_cases(engine, target).items():
+                results[f"{case}, {n} thread(s)"] = logits
+    finally:
+        torch.set_num_threads(before)
+    assert_bit_identical(results)
 
 
 @pytest.mark.real_model

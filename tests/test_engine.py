@@ -8,7 +8,7 @@ when it runs alone. Input validation runs on the tiny model.
 import pytest
 
 from core import ContextLengthExceeded, InvalidParameter, SamplingParams
-from core.config import EngineConfig
+from core.config import OMP_SPIN_COUNT, EngineConfig
 
 MAX_TOKENS = 16
 
@@ -332,7 +332,7 @@ def test_bad_sampling_params_and_duplicate_ids_are_refused(make_tiny_engine):
 @pytest.mark.parametrize("field, value", [
     ("block_size", 0), ("block_size", 1.5), ("max_num_seqs", -1), ("max_num_batched_tokens", 0),
     ("kv_cache_bytes", "1GiB"), ("trace_steps", True), ("num_kv_blocks", 0), ("max_model_len", -5),
-    ("num_threads", 0), ("scheduling", "fifo"),
+    ("num_threads", 0), ("scheduling", "fifo"), ("share_cpu", "yes"),
 ])
 def test_bad_engine_config_names_the_field(field, value):
     with pytest.raises(InvalidParameter) as exc:
@@ -367,10 +367,9 @@ def test_a_sibling_shares_the_weights_and_nothing_else(make_tiny_engine):
 
 
 @pytest.mark.parametrize("torch_first", [True, False])
-def test_the_engine_warns_when_openmp_threads_would_spin(torch_first):
-    """libgomp reads OMP_WAIT_POLICY when torch loads it: core sets PASSIVE if it is imported
-    first, and says so when it is too late (spinning threads: 0.6 against 42 tokens/s measured
-    beside a busy process)."""
+def test_the_engine_warns_when_openmp_would_spin_long(torch_first):
+    """libgomp reads GOMP_SPINCOUNT when torch loads it: core sets a short spin if it is imported
+    first (cpu_share.py says why), and says so when it is too late."""
     import os
     import subprocess
     import sys
@@ -380,10 +379,10 @@ def test_the_engine_warns_when_openmp_threads_would_spin(torch_first):
         "from core import EngineConfig, LLMEngine\n"
         "from toy_models.registry import load_tiny\n"
         "LLMEngine(EngineConfig(model='tiny', num_kv_blocks=4), load_tiny())\n"
-        "import os; print('policy', os.environ['OMP_WAIT_POLICY'])\n")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        "import os; print('spin', os.environ.get('GOMP_SPINCOUNT'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr
-    assert "policy PASSIVE" in out.stdout
-    assert ("OpenMP threads spin" in out.stderr) == torch_first
+    assert f"spin {OMP_SPIN_COUNT}" in out.stdout
+    assert ("OpenMP keeps its default spin" in out.stderr) == torch_first

@@ -1,0 +1,110 @@
+"""cpu_share.py: the engine computes on the cores other processes leave free."""
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+from core import cpu_share
+from core.cpu_share import CpuShare, read_busy_seconds
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+class FakeMachine:
+    """/proc/stat, this process's CPU time and the clock, as the test says."""
+
+    def __init__(self, monkeypatch, cpus: int):
+        self.now, self.busy, self.own = 100.0, 0.0, 0.0
+        monkeypatch.setattr(cpu_share, "cpus_we_may_use", lambda: set(range(cpus)))
+        monkeypatch.setattr(cpu_share, "read_busy_seconds", lambda cpus, path: self.busy)
+        monkeypatch.setattr(cpu_share, "own_cpu_seconds", lambda: self.own)
+        monkeypatch.setattr(cpu_share.time, "monotonic", lambda: self.now)
+
+    def run(self, seconds: float, ours: float, others: float) -> None:
+        """`seconds` pass with `ours` and `others` cores busy."""
+        self.now += seconds
+        self.own += ours * seconds
+        self.busy += (ours + others) * seconds
+
+
+def test_threads_follow_the_cores_others_leave_free(monkeypatch, restore_threads):
+    machine = FakeMachine(monkeypatch, cpus=4)
+    share = CpuShare()
+    assert share.threads == 4 and torch.get_num_threads() == 4
+    machine.run(0.5, ours=4, others=0)
+    assert share.update() == 4
+    machine.run(0.5, ours=3, others=1)                  # one busy process
+    assert share.update() == 3 and torch.get_num_threads() == 3
+    machine.run(0.5, ours=1, others=3.9)                # the machine is full: still one thread
+    assert share.update() == 1 and share.others == pytest.approx(3.9)
+    machine.run(0.5, ours=2, others=0.1)                # noise does not cost a core
+    assert share.update() == 4 and torch.get_num_threads() == 4
+
+
+def test_it_measures_once_per_interval_and_never_above_max_threads(monkeypatch, restore_threads):
+    machine = FakeMachine(monkeypatch, cpus=4)
+    share = CpuShare(max_threads=2, interval_s=0.25)
+    assert share.threads == 2
+    machine.run(0.1, ours=0, others=4)
+    assert share.update() == 2                          # too soon to measure again
+    machine.run(0.2, ours=0, others=4)
+    assert share.update() == 1
+    machine.run(1.0, ours=0, others=0)
+    assert share.update() == 2                          # max_threads, not the 4 cores
+
+
+def test_without_proc_stat_the_count_stays(tmp_path, restore_threads):
+    share = CpuShare(max_threads=1, interval_s=0, stat_path=str(tmp_path / "missing"))
+    assert share.update() == 1 and share.others == 0.0
+
+
+def test_read_busy_seconds_sums_the_cpus_asked_for(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  300 0 30 900 0 0 0 0 0 0\n"
+                    "cpu0 100 0 10 300 5 1 2 7 0 0\n"
+                    "cpu1 200 0 20 600 0 0 0 0 0 0\n"
+                    "intr 12345\n")
+    monkeypatch.setattr(cpu_share.os, "sysconf", lambda name: 100)
+    assert read_busy_seconds({0}, str(stat)) == pytest.approx((100 + 10 + 1 + 2) / 100)
+    assert read_busy_seconds({0, 1}, str(stat)) == pytest.approx((113 + 220) / 100)
+    assert read_busy_seconds({0}, str(tmp_path / "missing")) is None
+
+
+def spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.skipif(read_busy_seconds({0}) is None, reason="needs /proc/stat")
+def test_a_busy_process_is_seen_on_the_real_machine(restore_threads):
+    share = CpuShare(interval_s=0.5)
+    busy = multiprocessing.get_context("spawn").Process(target=spin, args=(4.0,), daemon=True)
+    busy.start()
+    try:
+        time.sleep(1.5)                                 # the child is spinning by now
+        share.update()                                  # starts a window of its own
+        time.sleep(0.6)
+        share.update()
+        assert share.others > 0.6, share.others
+        assert share.threads <= max(1, len(share.cpus) - 1)
+    finally:
+        busy.kill()
+        busy.join()
+
+
+def test_the_engine_sets_its_threads_and_a_sibling_leaves_them(make_tiny_engine, restore_threads):
+    engine = make_tiny_engine(num_threads=1)
+    assert engine.cpu_share.max_threads == 1 and torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    sibling = engine.sibling(num_kv_blocks=8)
+    assert sibling.cpu_share is None and torch.get_num_threads() == 2
+    fixed = make_tiny_engine(share_cpu=False, num_threads=1)
+    assert fixed.cpu_share is None and torch.get_num_threads() == 1
