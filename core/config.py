@@ -87,6 +87,8 @@ class EngineConfig:
     share_cpu: bool = True                # before each step, use only the cores other processes leave free
                                           # (cpu_share.py); False: num_threads (if set) all the time
     weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16 or q4_1 (fastest)
+    native: bool = True                   # the layers of a step in C++ (native.py): the same operations and
+                                          # bits as model.py, less Python; False, or no compiler: Python
     lm_head_candidates: int = 64          # bf16/q4_1: top logits recomputed exactly in fp32
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets
     seed: int = 0                         # seeds the generators of unseeded sampling requests
@@ -110,8 +112,9 @@ class EngineConfig:
         if not is_int(self.chunk_context_tokens) or self.chunk_context_tokens < 0:
             raise InvalidParameter("chunk_context_tokens", f"must be a non-negative integer (0: off), "
                                    f"got {self.chunk_context_tokens!r}")
-        if not isinstance(self.share_cpu, bool):
-            raise InvalidParameter("share_cpu", f"must be true or false, got {self.share_cpu!r}")
+        for name in ("share_cpu", "native"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameter(name, f"must be true or false, got {getattr(self, name)!r}")
         for name in ("num_kv_blocks", "max_model_len", "num_threads"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):

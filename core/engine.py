@@ -23,6 +23,7 @@ from .cpu_share import CpuShare
 from .errors import ContextLengthExceeded, InvalidParameter, is_int
 from .kv_cache import BYTES_PER_VALUE, KVCache
 from .model import Transformer
+from .native import native_decoder
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepRecord
 from .sampler import Sampler
@@ -57,6 +58,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
                                                  config.lm_head_candidates)
+        if config.native:
+            self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
         bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)

@@ -148,6 +148,7 @@ class Transformer(nn.Module):
         self.weight_format = WeightFormat.FP32
         self.lm_head_candidates = 0
         self.lm_head = None  # bf16 and q4_1: the approximate LM head's tensors
+        self.native = None   # the same layers in C++ for the engine's paged batches (native.py), if built
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
@@ -177,6 +178,8 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
+        if batch is not None and self.native is not None:
+            return self.native.forward(input_ids, positions, batch)  # the code below, in C++
         x = self.embed_tokens(input_ids)  # (T, C)
         for block in self.layers:
             x = block(x, positions, self.rotary, batch)

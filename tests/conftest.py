@@ -3,6 +3,8 @@
 Markers: `real_model` (smollm2-135m), `browser` (Chromium against a live server).
 """
 
+import core  # noqa: F401  (first: it sets OpenMP's spin before anything loads torch)
+
 import json
 import os
 import re

@@ -1,0 +1,165 @@
+// The decoder's layers over a paged batch, in C++: the same ATen operations, in the same order
+// and with the same arguments, as core/model.py and core/attention.py, so the same bits. What it
+// removes is Python: a decode step of SmolLM2 is ~1,500 small tensor operations, and through
+// Python each costs a few microseconds more than the operation itself.
+//
+// Shapes: T packed tokens, C hidden size, H query heads and Hkv key/value heads of size D,
+// G = H / Hkv, S sequences of a group with Q query rows each, K key slots.
+
+#include <torch/extension.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2 };
+
+constexpr int64_t MIN_GEMM_ROWS = 4;  // core/gemm.py
+constexpr int64_t BF16_MIN_ROWS = 2;
+constexpr int64_t Q4_GROUP = 32;
+
+at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
+  const int64_t n = x.size(0);
+  const int64_t rows = std::max(multiple, ((n + multiple - 1) / multiple) * multiple);
+  if (rows == n) return x;
+  return at::cat({x, x.new_zeros({rows - n, x.size(1)})});
+}
+
+// One linear layer's weight in the engine's format (gemm.PackedLinear) and its product.
+struct Linear {
+  std::vector<at::Tensor> w;  // fp32: (weight); bf16: (weight bf16); q4_1: (packed, scales_zeros)
+
+  at::Tensor operator()(const at::Tensor& x, Format fmt) const {
+    const int64_t n = x.size(0);
+    switch (fmt) {
+      case FP32:
+        return at::linear(pad_rows(x, MIN_GEMM_ROWS), w[0]).slice(0, 0, n);
+      case BF16:
+        return at::linear(pad_rows(x.to(at::kBFloat16), BF16_MIN_ROWS), w[0]).slice(0, 0, n);
+      default:
+        return at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], Q4_GROUP, w[1]);
+    }
+  }
+};
+
+struct Layer {
+  at::Tensor attn_norm, mlp_norm;
+  Linear qkv, o, gate_up, down;
+};
+
+// What attention.SequenceGroup holds for one step.
+struct Group {
+  at::Tensor flat_blocks, flat_tokens, real_rows, real_tokens, blocked;
+  int64_t mask_from, S, Q;
+  bool in_order;
+};
+
+class Decoder {
+ public:
+  Decoder(int64_t fmt, at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
+          std::vector<std::vector<at::Tensor>> layers, int64_t H, int64_t Hkv, int64_t D, double eps)
+      : fmt_(static_cast<Format>(fmt)), embed_(embed), final_norm_(final_norm), cos_(cos), sin_(sin),
+        H_(H), Hkv_(Hkv), D_(D), eps_(eps) {
+    const size_t per_linear = fmt_ == Q4_1 ? 2 : 1;
+    for (auto& t : layers) {  // attn_norm, mlp_norm, then qkv, o, gate_up, down
+      TORCH_CHECK(t.size() == 2 + 4 * per_linear, "a layer takes ", 2 + 4 * per_linear, " tensors");
+      Layer l{t[0], t[1], {}, {}, {}, {}};
+      Linear* linears[] = {&l.qkv, &l.o, &l.gate_up, &l.down};
+      for (size_t i = 0; i < 4; ++i)
+        linears[i]->w.assign(t.begin() + 2 + i * per_linear, t.begin() + 2 + (i + 1) * per_linear);
+      layers_.push_back(std::move(l));
+    }
+  }
+
+  // ids, positions: (T,); k_cache, v_cache: (L, blocks, block_size, Hkv, D); slot_mapping: (T,).
+  // groups: tuples (flat_blocks, flat_tokens, real_rows, real_tokens, blocked, mask_from, S, Q,
+  // in_order). -> the final hidden states (T, C), normalized, as Transformer.forward.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
+                     const at::Tensor& v_cache, const at::Tensor& slot_mapping, const py::list& groups_in) {
+    std::vector<Group> groups;
+    for (const auto& item : groups_in) {
+      auto g = item.cast<py::tuple>();
+      groups.push_back(Group{g[0].cast<at::Tensor>(), g[1].cast<at::Tensor>(), g[2].cast<at::Tensor>(),
+                             g[3].cast<at::Tensor>(), g[4].cast<at::Tensor>(), g[5].cast<int64_t>(),
+                             g[6].cast<int64_t>(), g[7].cast<int64_t>(), g[8].cast<bool>()});
+    }
+    py::gil_scoped_release no_gil;  // other Python threads (the web server) run meanwhile
+    at::InferenceMode guard;
+    at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
+    const at::Tensor cos = cos_.index({positions}).unsqueeze(1);                // (T, 1, D)
+    const at::Tensor sin = sin_.index({positions}).unsqueeze(1);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      x = x + attention(at::rms_norm(x, {x.size(1)}, l.attn_norm, eps_), l, cos, sin, k_cache[i], v_cache[i],
+                        slot_mapping, groups);
+      x = x + mlp(at::rms_norm(x, {x.size(1)}, l.mlp_norm, eps_), l);
+    }
+    return at::rms_norm(x, {x.size(1)}, final_norm_, eps_);
+  }
+
+ private:
+  at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t half = x.size(-1) / 2;
+    const at::Tensor swapped = at::cat({x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+    return x * cos + swapped * sin;
+  }
+
+  at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
+    const auto parts = l.gate_up(x, fmt_).chunk(2, -1);                        // (T, I) each
+    return l.down(at::silu(parts[0]) * parts[1], fmt_);                        // (T, C)
+  }
+
+  at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
+                       const std::vector<Group>& groups) const {
+    const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
+    const at::Tensor qkv = l.qkv(x, fmt_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)
+    const at::Tensor qk = rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos, sin);
+    const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
+    const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
+    k_cache.view({-1, Hkv, D}).index_copy_(0, slot_mapping, k);
+    v_cache.view({-1, Hkv, D}).index_copy_(0, slot_mapping, v);
+    at::Tensor out;
+    for (const Group& g : groups) {
+      const at::Tensor keys = k_cache.index_select(0, g.flat_blocks).view({g.S, -1, Hkv, D});  // (S, K, Hkv, D)
+      const at::Tensor values = v_cache.index_select(0, g.flat_blocks).view({g.S, -1, Hkv, D});
+      const at::Tensor y = attend(q.index_select(0, g.flat_tokens).view({g.S, g.Q, H, D}), keys, values, g);
+      const at::Tensor rows = y.reshape({g.S * g.Q, H, D}).index_select(0, g.real_rows);   // (R, H, D)
+      if (groups.size() == 1 && g.in_order && rows.size(0) == T) {
+        out = rows;
+        break;
+      }
+      if (!out.defined()) out = at::empty_like(q);
+      out.index_copy_(0, g.real_tokens, rows);
+    }
+    return l.o(out.reshape({T, H * D}), fmt_);                                 // (T, C)
+  }
+
+  at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const Group& g) const {
+    const int64_t S = q_in.size(0), Q = q_in.size(1), H = H_, Hkv = Hkv_, D = D_, G = H / Hkv;
+    const at::Tensor q = (q_in * (1.0 / std::sqrt(static_cast<double>(D))))
+                             .view({S, Q, Hkv, G, D}).permute({0, 2, 3, 1, 4}).reshape({S, Hkv, G * Q, D});
+    at::Tensor scores = at::matmul(q, k.permute({0, 2, 3, 1}));               // (S, Hkv, G*Q, K)
+    scores.slice(-1, g.mask_from).masked_fill_(g.blocked, -std::numeric_limits<double>::infinity());
+    const at::Tensor probs = at::softmax(scores, -1);
+    const at::Tensor y = at::matmul(probs, v.transpose(1, 2));                 // (S, Hkv, G*Q, D)
+    return y.view({S, Hkv, G, Q, D}).permute({0, 3, 1, 2, 4}).reshape({S, Q, H, D});
+  }
+
+  Format fmt_;
+  at::Tensor embed_, final_norm_, cos_, sin_;
+  std::vector<Layer> layers_;
+  int64_t H_, Hkv_, D_;
+  double eps_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Decoder>(m, "Decoder")
+      .def(py::init<int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double>())
+      .def("forward", &Decoder::forward);
+}

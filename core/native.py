@@ -1,0 +1,84 @@
+"""The decoder's layers in C++ (csrc/decoder.cpp), for the engine's steps: the same ATen
+operations as model.py and attention.py, in the same order, so the same bits, without Python.
+
+A decode step of SmolLM2 is about 1,500 small tensor operations; through Python each costs a few
+microseconds more than the operation itself, as much as the int4 products altogether (profile in
+the README). Tracing or compiling the forward was tried and dropped (torch.compile took 50 s and
+changed greedy tokens); this is the forward written out once more, in C++, operation for
+operation, and a test holds it to the Python one bit for bit in every weight format.
+
+It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute)
+and cached under torch's extensions directory. Where it cannot be built, or for a model with
+experts, the engine runs model.py's Python (the same results, slower) and says so once in the log.
+"""
+
+import functools
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from .attention import PagedBatch, first_blocked_column, score_mask
+from .config import WeightFormat
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).resolve().parent / "csrc" / "decoder.cpp"
+FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
+
+
+@functools.cache
+def extension():
+    """The compiled module, or None (with the reason logged once) if it cannot be built here."""
+    try:
+        from torch.utils import cpp_extension
+        venv_bin = str(Path(sys.executable).parent)  # pip's ninja lands beside python, maybe not on PATH
+        if shutil.which("ninja") is None and shutil.which("ninja", path=venv_bin):
+            os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
+        log.info("building the C++ decoder (once; about a minute)")
+        return cpp_extension.load(name="sendlens_decoder", sources=[str(SOURCE)],
+                                  extra_cflags=["-O2"], verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a failed build: Python does the same work
+        log.warning("the C++ decoder could not be built (%s: %s); the engine runs model.py's Python "
+                    "forward instead (the same results, slower)", type(exc).__name__, str(exc).strip()[:300])
+        return None
+
+
+class NativeDecoder:
+    """A Transformer's dense layers as one C++ object, holding its tensors (no copies)."""
+
+    def __init__(self, model, ext):
+        cfg = model.config
+        fmt = model.weight_format
+        layers = []
+        for block in model.layers:
+            tensors = [block.attn_norm.weight, block.mlp_norm.weight]
+            for linear in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
+                tensors.extend(linear.kernel.tensors if linear.kernel is not None else (linear.weight,))
+            layers.append(tensors)
+        self.decoder = ext.Decoder(FORMAT_CODES[fmt], model.embed_tokens.weight, model.norm.weight,
+                                   model.rotary.cos, model.rotary.sin, layers,
+                                   cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+        self.group_size = cfg.num_heads // cfg.num_kv_heads
+
+    def forward(self, input_ids, positions, batch: PagedBatch):
+        """As Transformer.forward with a PagedBatch: (T,), (T,) -> final hidden states (T, C)."""
+        groups = []
+        for g in batch.groups:
+            if g.blocked is None:  # what the first layer of attention.paged_attention makes
+                g.mask_from = first_blocked_column(g.mask)
+                g.blocked = score_mask(g.mask[..., g.mask_from:], self.group_size)
+            S, Q = g.token_index.shape
+            groups.append((g.flat_blocks, g.flat_tokens, g.real_rows, g.real_tokens, g.blocked, g.mask_from,
+                           S, Q, g.in_order))
+        return self.decoder.forward(input_ids, positions, batch.cache.k, batch.cache.v, batch.slot_mapping, groups)
+
+
+def native_decoder(model) -> NativeDecoder | None:
+    """The C++ decoder for `model`, or None where it cannot run (no build here, or experts)."""
+    if model.config.num_experts:
+        return None
+    ext = extension()
+    return NativeDecoder(model, ext) if ext is not None else None

@@ -1,0 +1,80 @@
+"""native.py: the decoder's layers in C++ give exactly the bits of model.py's Python, in every
+weight format, alone, batched and chunked; where it cannot be built the engine runs Python."""
+
+import logging
+
+import pytest
+from test_attention import assert_bit_identical, invariance_cases
+
+from core import native
+
+FORMATS = ["fp32", "bf16", "q4_1"]
+TEXT = "The quick brown fox jumps over the lazy dog, again and again."
+
+
+def test_the_decoder_is_built_here():
+    """The test set-up installs a compiler and ninja (Makefile); a silent fallback would hide a
+    slower engine."""
+    assert native.extension() is not None
+
+
+def python_and_native(make_engine, fmt):
+    results = {}
+    for use_native in (False, True):
+        engine = make_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt, native=use_native)
+        assert (engine.model.native is not None) == use_native
+        target = engine.tokenizer.encode(TEXT)
+        for case, logits in invariance_cases(engine, target).items():
+            results[f"{case}, {'C++' if use_native else 'Python'}"] = logits
+    return results
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpp_and_python_give_the_same_bits_tiny(make_tiny_engine, fmt):
+    assert_bit_identical(python_and_native(make_tiny_engine, fmt))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cpp_and_python_give_the_same_bits_smollm(make_smollm, fmt):
+    assert_bit_identical(python_and_native(lambda **s: make_smollm(**s).engine, fmt))
+
+
+def test_the_same_tokens_through_the_engine(make_tiny_engine):
+    from core import SamplingParams
+    outputs = []
+    for use_native in (False, True):
+        engine = make_tiny_engine(weight_format="q4_1", native=use_native)
+        params = SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)
+        seqs = [engine.add_request(p, params) for p in ("Hello there", TEXT, "A")]
+        while engine.has_unfinished_requests():
+            engine.step()
+        outputs.append([s.output_token_ids for s in seqs])
+    assert outputs[0] == outputs[1]
+
+
+def test_a_model_with_experts_stays_in_python(tiny_loaded):
+    from test_moe import moe_of
+
+    model = moe_of(tiny_loaded)
+    assert model.config.num_experts and native.native_decoder(model) is None
+
+
+def test_without_a_build_the_engine_runs_python_and_says_so(make_tiny_engine, monkeypatch, caplog):
+    def fail(**kwargs):
+        raise RuntimeError("no compiler here")
+
+    from torch.utils import cpp_extension
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    native.extension.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="core.native"):
+            engine = make_tiny_engine()
+        assert engine.model.native is None
+        assert "could not be built" in caplog.text and "no compiler here" in caplog.text
+        seq = engine.add_request("Hello", None)
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert seq.num_output_tokens > 0
+    finally:
+        native.extension.cache_clear()  # the next engine loads the real build again
