@@ -19,8 +19,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import torch
-
 from .attention import PagedBatch, first_blocked_column, score_mask
 from .config import WeightFormat
 
