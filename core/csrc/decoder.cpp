@@ -9,6 +9,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -25,6 +26,27 @@ at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
   const int64_t rows = std::max(multiple, ((n + multiple - 1) / multiple) * multiple);
   if (rows == n) return x;
   return at::cat({x, x.new_zeros({rows - n, x.size(1)})});
+}
+
+// The new tokens' keys or values into their pool slots: the floats attention.py's index_copy_
+// moves (a pure copy, so the same bits), one memcpy per token; index_copy_ took ~140 us a layer
+// for 64 tokens here. pool: (blocks * block_size, Hkv, D) slots; src: (T, Hkv, D), rows contiguous.
+void write_slots(const at::Tensor& pool, const at::Tensor& slots, const at::Tensor& src) {
+  if (src.stride(2) != 1 || src.stride(1) != src.size(2)) {
+    pool.view({-1, src.size(1), src.size(2)}).index_copy_(0, slots, src);
+    return;
+  }
+  TORCH_CHECK(pool.is_contiguous() && slots.is_contiguous() && slots.scalar_type() == at::kLong &&
+              src.scalar_type() == at::kFloat && pool.scalar_type() == at::kFloat, "write_slots: bad layout");
+  const int64_t T = src.size(0), row = src.size(1) * src.size(2), stride = src.stride(0);
+  const int64_t num_slots = pool.numel() / row;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float* from = src.data_ptr<float>();
+  float* to = pool.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
+    std::memcpy(to + slot[t] * row, from + t * stride, row * sizeof(float));
+  }
 }
 
 // One linear layer's weight in the engine's format (gemm.PackedLinear) and its product.
@@ -119,8 +141,8 @@ class Decoder {
     const at::Tensor qk = rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos, sin);
     const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
-    k_cache.view({-1, Hkv, D}).index_copy_(0, slot_mapping, k);
-    v_cache.view({-1, Hkv, D}).index_copy_(0, slot_mapping, v);
+    write_slots(k_cache, slot_mapping, k);
+    write_slots(v_cache, slot_mapping, v);
     at::Tensor out;
     for (const Group& g : groups) {
       const at::Tensor keys = k_cache.index_select(0, g.flat_blocks).view({g.S, -1, Hkv, D});  // (S, K, Hkv, D)
