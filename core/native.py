@@ -35,7 +35,7 @@ def extension():
         venv_bin = str(Path(sys.executable).parent)  # pip's ninja lands beside python, maybe not on PATH
         if shutil.which("ninja") is None and shutil.which("ninja", path=venv_bin):
             os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-        log.info("building the C++ decoder (once; about a minute)")
+        log.info("loading the C++ decoder (built on first use, about a minute; cached after)")
         return cpp_extension.load(name="sendlens_decoder", sources=[str(SOURCE)],
                                   extra_cflags=["-O2"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build: Python does the same work
