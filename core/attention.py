@@ -111,6 +111,13 @@ class SequenceGroup:
             self.real_tokens = self.flat_tokens[self.real_rows]
             self.in_order = torch.equal(self.real_tokens, torch.arange(len(self.real_tokens)))
 
+    def score_mask(self, G: int) -> torch.Tensor:
+        """`blocked` for query groups of G heads, made once per step (the first layer asks)."""
+        if self.blocked is None:
+            self.mask_from = first_blocked_column(self.mask)
+            self.blocked = score_mask(self.mask[..., self.mask_from:], G)
+        return self.blocked
+
 
 @dataclass
 class PagedBatch:
@@ -196,11 +203,8 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
         S, Q = g.token_index.shape
         keys = cache.k[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)    # (S, K, Hkv, D)
         values = cache.v[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)
-        if g.blocked is None:
-            g.mask_from = first_blocked_column(g.mask)
-            g.blocked = score_mask(g.mask[..., g.mask_from:], H // Hkv)
-        y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask, g.blocked,
-                      g.mask_from)
+        y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask,
+                      g.score_mask(H // Hkv), g.mask_from)
         rows = y.reshape(S * Q, H, D).index_select(0, g.real_rows)          # (R, H, D)
         if len(batch.groups) == 1 and g.in_order and len(g.real_rows) == q.shape[0]:
             return rows                                   # one group of every token, in order

@@ -82,8 +82,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling: Scheduling = Scheduling.CONTINUOUS
-    num_threads: int | None = None        # the most torch threads the server's engine uses (None: one per core
-                                          # it may run on)
+    num_threads: int | None = None        # the most torch threads the engine uses (None: one per core it may
+                                          # run on)
     share_cpu: bool = True                # before each step, use only the cores other processes leave free
                                           # (cpu_share.py); False: num_threads (if set) all the time
     weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16 or q4_1 (fastest)

@@ -23,8 +23,8 @@ from .cpu_share import CpuShare
 from .errors import ContextLengthExceeded, InvalidParameter, is_int
 from .kv_cache import BYTES_PER_VALUE, KVCache
 from .model import Transformer
-from .native import native_decoder
 from .model_runner import ModelRunner
+from .native import native_decoder
 from .outputs import RequestOutput, StepRecord
 from .sampler import Sampler
 from .sampling_params import SamplingParams

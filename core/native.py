@@ -19,8 +19,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from .attention import PagedBatch, first_blocked_column, score_mask
+from .attention import PagedBatch
 from .config import WeightFormat
+from .gemm import BF16_MIN_ROWS, MIN_GEMM_ROWS, Q4_GROUP
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).resolve().parent / "csrc" / "decoder.cpp"
@@ -58,19 +59,17 @@ class NativeDecoder:
             layers.append(tensors)
         self.decoder = ext.Decoder(FORMAT_CODES[fmt], model.embed_tokens.weight, model.norm.weight,
                                    model.rotary.cos, model.rotary.sin, layers,
-                                   cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+                                   cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
+                                   MIN_GEMM_ROWS, BF16_MIN_ROWS, Q4_GROUP)
         self.group_size = cfg.num_heads // cfg.num_kv_heads
 
     def forward(self, input_ids, positions, batch: PagedBatch):
         """As Transformer.forward with a PagedBatch: (T,), (T,) -> final hidden states (T, C)."""
         groups = []
         for g in batch.groups:
-            if g.blocked is None:  # what the first layer of attention.paged_attention makes
-                g.mask_from = first_blocked_column(g.mask)
-                g.blocked = score_mask(g.mask[..., g.mask_from:], self.group_size)
             S, Q = g.token_index.shape
-            groups.append((g.flat_blocks, g.flat_tokens, g.real_rows, g.real_tokens, g.blocked, g.mask_from,
-                           S, Q, g.in_order))
+            groups.append((g.flat_blocks, g.flat_tokens, g.real_rows, g.real_tokens, g.score_mask(self.group_size),
+                           g.mask_from, S, Q, g.in_order))
         return self.decoder.forward(input_ids, positions, batch.cache.k, batch.cache.v, batch.slot_mapping, groups)
 
 

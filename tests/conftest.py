@@ -24,12 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SENDLENS_ARTIFACTS", ROOT / "artifacts"))
 
 
-
 def pytest_sessionstart(session):
     """Build the engine's C++ decoder once, before any test or server starts an engine (the first
     build takes about a minute; later runs load it from torch's extensions cache)."""
     from core import native
     native.extension()
+
 
 @pytest.fixture(scope="session")
 def artifacts_dir() -> Path:

@@ -17,9 +17,10 @@ namespace {
 
 enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2 };
 
-constexpr int64_t MIN_GEMM_ROWS = 4;  // core/gemm.py
-constexpr int64_t BF16_MIN_ROWS = 2;
-constexpr int64_t Q4_GROUP = 32;
+// How gemm.py pads and groups (its MIN_GEMM_ROWS, BF16_MIN_ROWS, Q4_GROUP), handed over by native.py.
+struct Padding {
+  int64_t gemm_rows, bf16_rows, q4_group;
+};
 
 at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
   const int64_t n = x.size(0);
@@ -53,15 +54,15 @@ void write_slots(const at::Tensor& pool, const at::Tensor& slots, const at::Tens
 struct Linear {
   std::vector<at::Tensor> w;  // fp32: (weight); bf16: (weight bf16); q4_1: (packed, scales_zeros)
 
-  at::Tensor operator()(const at::Tensor& x, Format fmt) const {
+  at::Tensor operator()(const at::Tensor& x, Format fmt, const Padding& p) const {
     const int64_t n = x.size(0);
     switch (fmt) {
       case FP32:
-        return at::linear(pad_rows(x, MIN_GEMM_ROWS), w[0]).slice(0, 0, n);
+        return at::linear(pad_rows(x, p.gemm_rows), w[0]).slice(0, 0, n);
       case BF16:
-        return at::linear(pad_rows(x.to(at::kBFloat16), BF16_MIN_ROWS), w[0]).slice(0, 0, n);
+        return at::linear(pad_rows(x.to(at::kBFloat16), p.bf16_rows), w[0]).slice(0, 0, n);
       default:
-        return at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], Q4_GROUP, w[1]);
+        return at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
     }
   }
 };
@@ -81,9 +82,10 @@ struct Group {
 class Decoder {
  public:
   Decoder(int64_t fmt, at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
-          std::vector<std::vector<at::Tensor>> layers, int64_t H, int64_t Hkv, int64_t D, double eps)
+          std::vector<std::vector<at::Tensor>> layers, int64_t H, int64_t Hkv, int64_t D, double eps,
+          int64_t gemm_rows, int64_t bf16_rows, int64_t q4_group)
       : fmt_(static_cast<Format>(fmt)), embed_(embed), final_norm_(final_norm), cos_(cos), sin_(sin),
-        H_(H), Hkv_(Hkv), D_(D), eps_(eps) {
+        H_(H), Hkv_(Hkv), D_(D), eps_(eps), pad_{gemm_rows, bf16_rows, q4_group} {
     const size_t per_linear = fmt_ == Q4_1 ? 2 : 1;
     for (auto& t : layers) {  // attn_norm, mlp_norm, then qkv, o, gate_up, down
       TORCH_CHECK(t.size() == 2 + 4 * per_linear, "a layer takes ", 2 + 4 * per_linear, " tensors");
@@ -129,15 +131,15 @@ class Decoder {
   }
 
   at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
-    const auto parts = l.gate_up(x, fmt_).chunk(2, -1);                        // (T, I) each
-    return l.down(at::silu(parts[0]) * parts[1], fmt_);                        // (T, C)
+    const auto parts = l.gate_up(x, fmt_, pad_).chunk(2, -1);                        // (T, I) each
+    return l.down(at::silu(parts[0]) * parts[1], fmt_, pad_);                        // (T, C)
   }
 
   at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
                        const std::vector<Group>& groups) const {
     const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
-    const at::Tensor qkv = l.qkv(x, fmt_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)
+    const at::Tensor qkv = l.qkv(x, fmt_, pad_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)
     const at::Tensor qk = rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos, sin);
     const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
@@ -156,7 +158,7 @@ class Decoder {
       if (!out.defined()) out = at::empty_like(q);
       out.index_copy_(0, g.real_tokens, rows);
     }
-    return l.o(out.reshape({T, H * D}), fmt_);                                 // (T, C)
+    return l.o(out.reshape({T, H * D}), fmt_, pad_);                                 // (T, C)
   }
 
   at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const Group& g) const {
@@ -175,6 +177,7 @@ class Decoder {
   std::vector<Layer> layers_;
   int64_t H_, Hkv_, D_;
   double eps_;
+  Padding pad_;
 };
 
 }  // namespace
@@ -182,6 +185,7 @@ class Decoder {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double>())
+                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, int64_t, int64_t,
+                    int64_t>())
       .def("forward", &Decoder::forward);
 }

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conftest import figure_value, on_a_phone, shoot_widget, wait_ready, worker_processes
+from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready, worker_processes
 
 MOE = '[data-widget="moe"]'
 TEXTS = ["The cat sat on the mat.", "def f(x): return x + 1", "Paris is in France."]
@@ -131,13 +131,7 @@ def test_the_jobs_run_in_short_slices(tiny_loaded):
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     ids = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
     for gen in (route_job(engine, ids, 2), parallel_job(engine, ids, 2, 0, 2, 0, ProcessBudget(2), 120)):
-        items = []
-        while True:
-            try:
-                items.append(next(gen))
-            except StopIteration as stop:
-                r = stop.value
-                break
+        items, r = drain(gen)
         assert all(isinstance(i, Progress) and 0 <= i.done <= i.total and i.note for i in items)
         assert len(items) >= len(ids) * 2                  # several slices per text and layer
     assert r["max_abs_diff"] <= 1e-6

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
+from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
 
 POS = '[data-widget="positions"]'
 TEXT = "The cat sat on the mat because it was tired after the long walk."
@@ -193,13 +193,7 @@ def test_the_job_stops_after_the_layer_it_needs(tiny_loaded):
     ids = tiny_loaded.tokenizer.encode(TEXT)
     for layer in range(tiny_loaded.config.num_layers):
         gen = rope_job(engine, ids, layer=layer, head=0, query=len(ids) - 1, key=0)
-        items = []
-        while True:
-            try:
-                items.append(next(gen))
-            except StopIteration as stop:
-                result = stop.value
-                break
+        items, result = drain(gen)
         progress = [i for i in items if isinstance(i, Progress)]
         assert [p.note for p in progress] == [f"layer {l + 1} of {layer + 1}" for l in range(layer)]
         assert result["layer"] == layer
