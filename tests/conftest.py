@@ -498,9 +498,12 @@ class WS:
         return m
 
     def close(self) -> None:
+        """Close our side; a connection the server has already closed is left as it is (the
+        client's reader thread may have closed the socket a moment before `connected` turns
+        false, so sending our close frame can meet EBADF)."""
         try:
             self.client.close()
-        except ConnectionClosed:
+        except (ConnectionClosed, OSError):
             pass
 
 
