@@ -61,8 +61,9 @@ def pipeline_job(engine, model: str, layers: int, stages: int, microbatches: int
     runs = []
     for i, m in enumerate(schedules):
         spans = [s for r in results for s in r["runs"][i]["spans"]]
-        runs.append({"microbatches": m, "bubble_measured": bubble_measured(spans, stages),
-                     "bubble_formula": bubble_formula(stages, m), "spans": align(spans)})
+        shown = align(spans)            # the figure's spans, in ms rounded to the microsecond
+        runs.append({"microbatches": m, "bubble_measured": bubble_measured(shown, stages),
+                     "bubble_formula": bubble_formula(stages, m), "spans": shown})
     chosen = next(r for r in runs if r["microbatches"] == microbatches)
     last = results[-1]
     return {

@@ -45,7 +45,7 @@ def check_result(r: dict, stages: int, microbatches: int, tokens: int, layers: i
     for run in r["runs"]:
         m = run["microbatches"]
         assert run["bubble_formula"] == pytest.approx((stages - 1) / (m + stages - 1))
-        assert run["bubble_measured"] == pytest.approx(bubble_here(run["spans"], stages), abs=1e-4)
+        assert run["bubble_measured"] == pytest.approx(bubble_here(run["spans"], stages), rel=1e-12)
         compute = {(s[0], s[1]): s for s in run["spans"] if s[2] == "compute"}
         assert set(compute) == {(st, i) for st in range(stages) for i in range(m)}
         for (st, i), s in compute.items():     # on one clock: a stage starts after the one before ends
