@@ -8,16 +8,21 @@ as datasette does with `--setting`. docs/settings.md lists them all (a test chec
 import os
 from dataclasses import MISSING, dataclass, field, fields, replace
 
-from core.config import EngineConfig
+from core.config import EngineConfig, WeightFormat
 from core.errors import InvalidParameter, is_int
 
 ENV_PREFIX = "SENDLENS_"
+
+# Engine settings whose server default differs from the library's (core.config.EngineConfig).
+# q4_1 multiplies by the GGUF file's own 4-bit weights: a chat decodes ~8x faster than in fp32,
+# and the looking-inside widgets still run the same weights in fp32 (LLMEngine.reference_model).
+SERVER_ENGINE_DEFAULTS = {"weight_format": WeightFormat.Q4_1}
 
 
 @dataclass
 class ServerConfig:
     model: str = "smollm2-135m"           # a name from toy_models
-    engine: EngineConfig = field(default_factory=EngineConfig)  # its `model` is set from above
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(**SERVER_ENGINE_DEFAULTS))  # `model` from above
     # -- connections --
     max_connections: int = 64             # websocket clients at once (a classroom)
     max_connections_per_address: int = 16  # ... from one client address (forty tabs get 16)
@@ -76,7 +81,8 @@ class ServerConfig:
         unknown = set(values) - own - engine_keys
         if unknown:
             raise InvalidParameter(sorted(unknown)[0], "is not a server or engine setting")
-        engine = EngineConfig(**{k: v for k, v in values.items() if k in engine_keys and k != "model"})
+        engine = EngineConfig(**{**SERVER_ENGINE_DEFAULTS,
+                                 **{k: v for k, v in values.items() if k in engine_keys and k != "model"}})
         return cls(engine=engine, **{k: v for k, v in values.items() if k in own and k != "engine"})
 
 
@@ -88,6 +94,8 @@ def settings() -> dict[str, tuple[type, object]]:
             if f.name in ("engine", "testing") or f.name in out:
                 continue
             default = f.default if f.default is not MISSING else f.default_factory()
+            if cls is EngineConfig:
+                default = SERVER_ENGINE_DEFAULTS.get(f.name, default)
             out[f.name] = (_type_of(f.type), default)
     return out
 

@@ -44,15 +44,7 @@ class Ours:
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every linear layer and the LM head."""
-        from core.model import Linear
-
-        model = self.engine.model
-        linears = [m for m in model.modules() if isinstance(m, Linear)]
-        if model.lm_head is None:
-            head = model.embed_tokens.weight.nbytes
-        else:
-            head = sum(t.nbytes for part in model.lm_head for t in (part if isinstance(part, tuple) else (part,)))
-        return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + head
+        return self.engine.model.decode_weight_bytes()
 
     def _run(self, prompts, n):
         from core import SamplingParams

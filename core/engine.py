@@ -60,6 +60,8 @@ class LLMEngine:
                                                  config.lm_head_candidates)
         if config.native:
             self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
+        # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
+        self.reference_model = self.model.reference()
         bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
@@ -257,6 +259,7 @@ class LLMEngine:
             "enable_prefix_caching": cfg.enable_prefix_caching,
             "enable_chunked_prefill": cfg.enable_chunked_prefill,
             "kv_bytes_per_token": mc.kv_values_per_token * BYTES_PER_VALUE,
+            "weight_format": cfg.weight_format.value,
             "num_params": sum(p.numel() for p in self.model.parameters()),
         }
 

@@ -176,6 +176,22 @@ class Transformer(nn.Module):
         else:
             self.lm_head = q8_0_as_two_q4(emb)
 
+    def reference(self) -> "Transformer":
+        """The same model multiplying in fp32: a second set of modules over the same fp32 weight
+        tensors (no copy), for the widgets that look inside and compare with transformers. Itself
+        when the model is fp32 already."""
+        if self.weight_format is WeightFormat.FP32:
+            return self
+        return Transformer.from_state_dict(self.config, self.state_dict(), WeightFormat.FP32)
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step of a dense model reads: every linear layer's in its
+        format, and the LM head's (the tied embedding in fp32, or its packed copy)."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        head = (self.embed_tokens.weight,) if self.lm_head is None else tuple(
+            t for part in self.lm_head for t in (part if isinstance(part, tuple) else (part,)))
+        return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + sum(t.nbytes for t in head)
+
     def forward(self, input_ids, positions, batch: PagedBatch | None = None):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
         if batch is not None and self.native is not None:

@@ -78,6 +78,16 @@ def smollm(smollm_loaded):
 
 
 @pytest.fixture(scope="session")
+def smollm_served(smollm_loaded):
+    """One LLM on the real model in the server's weight format (what `python -m app` serves),
+    shared by the session: the widgets' live numbers come from this computation."""
+    from app.config import ServerConfig
+    from core import LLM
+    return LLM("smollm2-135m", loaded=smollm_loaded, num_kv_blocks=64,
+               weight_format=ServerConfig().engine.weight_format)
+
+
+@pytest.fixture(scope="session")
 def hf_reference():
     """transformers' LlamaForCausalLM and tokenizer, loaded from the same GGUF file."""
     import warnings

@@ -61,3 +61,19 @@ def test_bad_values_are_refused(field, value):
     with pytest.raises(InvalidParameter) as err:
         ServerConfig(**{field: value})
     assert err.value.param == field
+
+
+def test_the_server_serves_q4_1_unless_told_otherwise():
+    """The library's engine defaults to fp32 (the reference); the server to the GGUF's own 4-bit
+    weights, from every way a config is built, and a setting still chooses."""
+    from core.config import EngineConfig, WeightFormat
+
+    assert EngineConfig().weight_format is WeightFormat.FP32
+    assert ServerConfig().engine.weight_format is WeightFormat.Q4_1
+    assert ServerConfig.from_mapping({"model": "tiny"}).engine.weight_format is WeightFormat.Q4_1
+    assert settings()["weight_format"][1] is WeightFormat.Q4_1
+    chosen = ServerConfig.from_mapping({"weight_format": parse_setting("weight_format", "fp32")})
+    assert chosen.engine.weight_format is WeightFormat.FP32
+    with pytest.raises(InvalidParameter) as err:
+        ServerConfig.from_mapping({"weight_format": "int3"})
+    assert err.value.param == "weight_format"

@@ -366,6 +366,18 @@ def test_a_sibling_shares_the_weights_and_nothing_else(make_tiny_engine):
     assert engine.num_steps == sib.num_steps
 
 
+def test_the_widgets_reference_model_is_fp32_on_the_same_weights(make_tiny_engine):
+    """A q4_1 engine serves in q4_1 and says so; the widgets' reference model multiplies the
+    same weight tensors in fp32. An fp32 engine's reference is its own model."""
+    engine = make_tiny_engine(num_kv_blocks=8, weight_format="q4_1")
+    ref = engine.reference_model
+    assert engine.info()["weight_format"] == "q4_1" and ref.weight_format.value == "fp32"
+    assert ref.embed_tokens.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+    assert ref.layers[0].mlp.down_proj.weight.data_ptr() == engine.model.layers[0].mlp.down_proj.weight.data_ptr()
+    plain = make_tiny_engine(num_kv_blocks=8)
+    assert plain.reference_model is plain.model and plain.info()["weight_format"] == "fp32"
+
+
 @pytest.mark.parametrize("torch_first", [True, False])
 def test_the_engine_warns_when_openmp_would_spin_long(torch_first):
     """libgomp reads GOMP_SPINCOUNT when torch loads it: core sets a short spin if it is imported

@@ -106,3 +106,29 @@ def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
     with torch.inference_mode():
         paged = engine.model.logits(engine.model(step.input_ids, step.positions, step.batch))
     assert torch.allclose(paged, tiny_model.score(ids), atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "q4_1"])
+def test_reference_runs_the_same_weights_in_fp32(tiny_loaded, tiny_model, ids, fmt):
+    """A packed model's reference() is the fp32 model over the same weight tensors (no copy)."""
+    packed = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict, fmt)
+    ref = packed.reference()
+    assert ref is not packed and ref.weight_format.value == "fp32" and ref.lm_head is None
+    for (name, a), (_, b) in zip(packed.state_dict().items(), ref.state_dict().items()):
+        assert a.data_ptr() == b.data_ptr(), name
+    assert torch.equal(ref.score(ids), tiny_model.score(ids))
+    assert not torch.equal(packed.score(ids), tiny_model.score(ids))     # the packed one rounds
+    assert tiny_model.reference() is tiny_model
+
+
+def test_decode_weight_bytes_counts_each_format(tiny_loaded):
+    """What one decode step reads: fp32 4 bytes a weight, bf16 2, q4_1 half a byte plus a bf16
+    scale and zero per 32; the tied LM head once (q4_1: its Q8_0 form as two 4-bit halves)."""
+    cfg = tiny_loaded.config
+    C, I, D, L = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
+    linear = L * (C * (cfg.num_heads + 2 * cfg.num_kv_heads) * D + cfg.num_heads * D * C + 3 * C * I)
+    head = cfg.vocab_size * C
+    per = {"fp32": (4, 4), "bf16": (2, 2), "q4_1": (0.5 + 4 / 32, 2 * (0.5 + 4 / 32))}
+    for fmt, (w, h) in per.items():
+        model = Transformer.from_state_dict(cfg, tiny_loaded.state_dict, fmt)
+        assert model.decode_weight_bytes() == linear * w + head * h, fmt

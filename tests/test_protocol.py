@@ -156,8 +156,10 @@ def connect(live_server):
 
 @pytest.fixture(scope="module")
 def reference_llm(tiny_loaded):
-    """The same tiny model run directly by the engine, to compare the socket's tokens with."""
-    return LLM("tiny", loaded=tiny_loaded, num_kv_blocks=256)
+    """The same tiny model run directly by the engine, in the server's weight format, to compare
+    the socket's tokens with."""
+    from app.config import ServerConfig
+    return LLM("tiny", loaded=tiny_loaded, num_kv_blocks=256, weight_format=ServerConfig().engine.weight_format)
 
 
 # ---- hello -----------------------------------------------------------------------------------

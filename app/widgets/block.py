@@ -30,7 +30,7 @@ def layers(call) -> None:
 
 
 def layers_job(engine, ids: list[int]):
-    model = engine.model
+    model = engine.reference_model
     L = model.config.num_layers
     residual, attn_update, mlp_update, entropy, head_entropy = [], [], [], [], []
     for item in probes.slices(model, ids):

@@ -14,7 +14,7 @@ Waterman & Patterson, 2009). This widget measures all four on this machine:
 - memory read bandwidth (a timed sum over a tensor far larger than the caches) and matmul FLOP/s
   (a timed square matmul), best of a few tries each, one try per slice;
 - from those, the roofline's bounds for this model: the decode step can be no faster than reading
-  every weight once, and prefill no faster than 2 FLOPs per weight per token at the matmul rate.
+  every weight once (in the serving engine's weight format: fp32, bf16 or 4-bit q4_1), and prefill no faster than 2 FLOPs per weight per token at the matmul rate.
 
 Message: `phases` {max_prompt, decode_tokens, run} -> a job (cached by its inputs: `run` is the
 reader's "measure again" counter). The reply carries the machine, its thread count and the time
@@ -112,7 +112,7 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
     done = next(count) - 1
     bandwidth = yield from best_of(read_bandwidth, "memory bandwidth", done, total)
     flop_s = yield from best_of(matmul_flop_s, "matmul FLOP/s", done + TRIES, total)
-    return summary(engine, prefill, decode, bandwidth, flop_s, max_prompt, decode_tokens, run)
+    return summary(exp, prefill, decode, bandwidth, flop_s, max_prompt, decode_tokens, run)
 
 
 def prefill_row(out, n: int) -> dict:
@@ -187,9 +187,8 @@ def ms(seconds: float) -> float:
 def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float, max_prompt: int,
             decode_tokens: int, run: int) -> dict:
     mc = engine.model_config
-    params = list(engine.model.parameters())
-    num_params = sum(p.numel() for p in params)
-    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    num_params = sum(p.numel() for p in engine.model.parameters())
+    weight_bytes = engine.model.decode_weight_bytes()     # in the format the engine multiplies
     # The weight matmuls: 2 FLOPs per weight per token, less the embedding table (a lookup, and
     # the tied output head runs only for the one sampled position). Attention adds ~4 T C a layer.
     flops_per_token = 2 * (num_params - mc.vocab_size * mc.hidden_size)
@@ -201,7 +200,8 @@ def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float
         "prefill_tokens_per_s": longest["prompt_tokens"] / (longest["ms"] / 1000.0),
         "decode_step_ms": statistics.median(decode_ms),
         "memory_bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flop_s / 1e9,
-        "num_params": num_params, "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
+        "num_params": num_params, "weight_format": engine.config.weight_format.value,
+        "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
         # the roofline's bounds for this model on this machine
         "decode_floor_ms": weight_bytes / bandwidth * 1000.0,
         "prefill_ceiling_tokens_per_s": flop_s / flops_per_token,

@@ -75,7 +75,7 @@ def layer_record(model, ids: list[int], layer: int):
 
 
 def rope_job(engine, ids: list[int], layer: int, head: int, query: int, key: int):
-    model = engine.model
+    model = engine.reference_model
     record = yield from layer_record(model, ids, layer)
     cfg = model.config
     kv_head = head // (cfg.num_heads // cfg.num_kv_heads)

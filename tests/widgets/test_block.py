@@ -149,7 +149,7 @@ def test_the_job_runs_in_slices_with_progress_per_layer(tiny_loaded):
     from app.widgets.block import layers_job
     from core.model import Transformer
 
-    engine = SimpleNamespace(model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
+    engine = SimpleNamespace(reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
                              tokenizer=tiny_loaded.tokenizer)
     ids = tiny_loaded.tokenizer.encode(TEXT)
     items, result = drain(layers_job(engine, ids))

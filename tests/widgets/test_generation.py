@@ -52,7 +52,7 @@ def test_greedy_steps_follow_the_chat_path_and_the_kv_grows_by_one(ws, live_serv
             assert 1 <= r["num_computed_tokens"] <= block
         probs = [c["prob"] for c in r["candidates"]]
         assert probs == sorted(probs, reverse=True) and len(probs) == 5
-        assert r["tail_prob"] == pytest.approx(1 - sum(probs), abs=1e-9)
+        assert r["tail_prob"] == pytest.approx(max(0.0, 1 - sum(probs)), abs=1e-9)   # rounding can pass 1
         top = r["candidates"][0]
         for c in r["candidates"][1:]:  # prob is the softmax of logit: ratios follow logit differences
             assert math.log(c["prob"] / top["prob"]) == pytest.approx(c["logit"] - top["logit"], abs=1e-3)
@@ -114,29 +114,48 @@ def hf_greedy(model, ids, n):
     return out[0, len(ids):].tolist()
 
 
+# The largest logit difference from transformers fp32 per weight format (tests/test_parity.py
+# holds the engine to these on a 64-token prompt).
+LOGIT_BOUND = {"fp32": 2e-3, "bf16": 0.5, "q4_1": 0.5}
+
+
 @pytest.mark.real_model
-def test_next_token_matches_transformers_and_greedy_generation(real_ws, hf_reference, server):
+def test_next_token_is_the_serving_engines_and_near_transformers(real_ws, hf_reference, smollm_served, server):
+    """The widget's numbers are the serving engine's own (the same computation in-process, to the
+    rounding of the reply), and within the weight format's bound of transformers fp32; greedy
+    steps give transformers' greedy tokens wherever its choice is clear by more than that bound."""
+    from core import SamplingParams
+
+    fmt = real_ws.hello["weight_format"]
+    assert fmt == smollm_served.engine.config.weight_format.value == "q4_1", "the server serves q4_1"
+    bound = LOGIT_BOUND[fmt]
     model, tokenizer = hf_reference
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
     with torch.inference_mode():
         logits = model(torch.tensor([ids])).logits[0, -1].double()     # (V,)
-    probs = logits.softmax(-1)
     r = real_ws.call("next_token", prompt=PROMPT, top=20)
     assert r["type"] == "next_token", r
     assert [t["id"] for t in r["prompt"]] == ids
-    for c in r["candidates"]:
-        assert abs(c["prob"] - float(probs[c["id"]])) < 1e-4, c
-        assert abs(c["logit"] - float(logits[c["id"]])) < 2e-3, c
-    assert [c["id"] for c in r["candidates"][:5]] == probs.topk(5).indices.tolist()
-    greedy = hf_greedy(model, ids, 3)
-    assert r["candidates"][0]["id"] == r["chosen"]["id"] == greedy[0]
 
+    (mine,) = smollm_served.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, top_candidates=20))
+    expected = mine.candidates[-1][:20]
+    assert [c["id"] for c in r["candidates"]] == [c.token_id for c in expected]
+    for c, e in zip(r["candidates"], expected):
+        assert c["prob"] == e.prob and c["logit"] == round(e.logit, 5), (c, e)
+        assert abs(c["logit"] - float(logits[c["id"]])) < bound, (fmt, c)
+
+    greedy = hf_greedy(model, ids, 3)
     tokens, kv = [], []
     for _ in range(3):
         step = real_ws.call("next_token", prompt=PROMPT, tokens=tokens, top=5)
+        with torch.inference_mode():
+            ref = model(torch.tensor([ids + tokens])).logits[0, -1]
+        top2 = ref.topk(2).values
+        if top2[0] - top2[1] > 2 * bound:                                # a clear choice: ours is the same
+            assert step["chosen"]["id"] == int(ref.argmax()), (fmt, tokens)
         tokens.append(step["chosen"]["id"])
         kv.append(step["kv_cache_tokens"])
-    assert tokens == greedy, "three greedy steps give transformers' first three greedy tokens"
+    assert tokens == greedy, "three greedy steps give transformers' first three greedy tokens on this prompt"
     assert kv == [len(ids), len(ids) + 1, len(ids) + 2]
     kv_pool = get_json(server.base + "/healthz")["kv"]
     assert kv_pool["free_blocks"] == kv_pool["total_blocks"], "every KV block came back"

@@ -69,13 +69,26 @@ def check_structure(r, max_prompt: int, decode_tokens: int) -> None:
     assert r["prefill_intensity"] == pytest.approx(chunk * r["decode_intensity"])
 
 
+def decode_weight_bytes(cfg: dict) -> int:
+    """The weight bytes a decode step reads, from the model's shape and the serving format: each
+    linear layer's out x in weights at the format's bytes (q4_1: half a byte, and a bf16 scale and
+    zero for every 32), and the tied LM head's V x C (q4_1: Q8_0 held as two 4-bit halves)."""
+    C, I, D, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"], cfg["num_layers"]
+    H, Hkv, V = cfg["num_heads"], cfg["num_kv_heads"], cfg["vocab_size"]
+    weights = L * (C * (H + 2 * Hkv) * D + H * D * C + C * 2 * I + I * C)
+    per_weight = {"fp32": 4, "bf16": 2, "q4_1": 0.5 + 4 / 32}[cfg["weight_format"]]
+    head = V * C * {"fp32": 4, "bf16": 2, "q4_1": 2 * (0.5 + 4 / 32)}[cfg["weight_format"]]
+    return round(weights * per_weight + head)
+
+
 def test_phases_measures_each_prompt_and_each_decode_step(ws):
     r = ws.job("phases", max_prompt=32, decode_tokens=3)
     assert r["type"] == "phases", r
     assert (r["max_prompt"], r["decode_tokens"], r["run"]) == (32, 3, 0)
     check_structure(r, 32, 3)
     cfg = ws.hello
-    assert r["weight_bytes"] == 4 * r["num_params"]                       # float32 weights
+    assert r["weight_format"] == cfg["weight_format"] == "q4_1"          # the server's default
+    assert r["weight_bytes"] == decode_weight_bytes(cfg)
     assert r["flops_per_token"] == 2 * (r["num_params"] - cfg["vocab_size"] * cfg["hidden_size"])
     # cached by its inputs: the same answer, not a second measurement; a new run measures again
     cached = ws.job("phases", max_prompt=32, decode_tokens=3)
@@ -112,7 +125,7 @@ def test_phases_on_the_real_model(real_ws, hf_reference):
     check_structure(r, 256, 4)
     # the weights counted are the model's real parameters: transformers' count from the same GGUF
     assert r["num_params"] == sum(p.numel() for p in hf_model.parameters())
-    assert r["weight_bytes"] == 4 * r["num_params"]
+    assert r["weight_bytes"] == decode_weight_bytes(real_ws.hello)
     # 16 times the prompt is more prefill time (a relation of work, a factor of 16, not a speed)
     first, last = r["prefill"][0], r["prefill"][-1]
     assert last["prompt_tokens"] == 16 * first["prompt_tokens"]

@@ -34,3 +34,14 @@ export function fmtBytes(bytes) {
 export function visibleWhitespace(text) {
   return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
 }
+
+// The engine's weight formats (core/gemm.py), in words for the prose beside a measurement.
+export const WEIGHT_FORMATS = {
+  fp32: "the linear layers in fp32, 4 bytes a weight",
+  bf16: "the linear layers in bf16, 2 bytes a weight",
+  q4_1: "the linear layers in 4-bit q4_1, the model file's own format: about 0.6 bytes a weight with its scales",
+};
+
+export function weightFormat(name) {
+  return WEIGHT_FORMATS[name] || `the weights in ${name}`;
+}

@@ -4,7 +4,7 @@
 
 import { el, setState, svg } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
-import { fmtMs } from "../lib/format.js";
+import { fmtMs, weightFormat } from "../lib/format.js";
 import { tokenChips } from "../lib/tokens.js";
 import { announce } from "../lib/events.js";
 
@@ -65,6 +65,7 @@ export function mount(root, ctx) {
   const generated = stat("Tokens out", { key: "completion_tokens", note: "generated so far" });
   const queued = stat("Queued", { key: "queue_ms", note: "waiting for a step" });
   const finish = el("p", { class: "finish muted", text: "No answer yet." });
+  const served = el("p", { class: "served muted" });
 
   // ---- right column: the serialized prompt, and the request's timeline ----
   const legend = el("div", { class: "legend" }, [
@@ -80,7 +81,7 @@ export function mount(root, ctx) {
   root.append(
     el("div", { class: "col" }, [
       figure("Conversation", ["live"], [log, form, settings]),
-      figure("This answer", ["measured"], [el("div", { class: "stats" }, [ttft.node, tpot.node, generated.node, queued.node]), finish]),
+      figure("This answer", ["measured"], [el("div", { class: "stats" }, [ttft.node, tpot.node, generated.node, queued.node]), finish, served]),
     ]),
     el("div", { class: "col" }, [
       figure("What the model receives", ["live"], [
@@ -294,6 +295,7 @@ export function mount(root, ctx) {
   }, 20000);
   const start = () => client.ready().then((hello) => {
     const limits = hello.limits;
+    served.textContent = `Served with ${weightFormat(hello.weight_format)}.`;
     maxTokens.max = String(limits.max_tokens_limit);
     if (maxTokens.value === "") {
       maxTokens.value = String(opts.max_tokens !== null && opts.max_tokens <= limits.max_tokens_limit

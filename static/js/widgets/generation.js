@@ -9,7 +9,7 @@
 import { plot, purge, escapeLabel } from "../lib/chart.js";
 import { el, field, setState, debounce } from "../lib/dom.js";
 import { figure, stat, stats } from "../lib/figures.js";
-import { fmtMs, fmtNum, fmtPct, visibleWhitespace } from "../lib/format.js";
+import { fmtMs, fmtNum, fmtPct, visibleWhitespace, weightFormat } from "../lib/format.js";
 import { tokenChips } from "../lib/tokens.js";
 
 const KV_CELL_LIMIT = 640;   // longer sequences: the KV strip shows blocks, not token cells
@@ -175,7 +175,7 @@ export function mount(root, ctx) {
     const top1 = r.candidates[0];
     tiles.topProb.set(top1.prob, fmtPct(top1.prob));
     const lost = shaped.filter((p) => p === 0).length;
-    chartNote.textContent = `Blue: the model's probabilities at temperature 1 over all ${state.hello.vocab_size.toLocaleString()} tokens. Orange: your temperature ${s.temperature < 1e-5 ? "0 (greedy: all on the top token)" : s.temperature.toFixed(2)}, top-k ${s.top_k || "off"} and top-p ${s.top_p >= 1 ? "off" : s.top_p.toFixed(2)} applied to these ${r.candidates.length} logits and renormalised over them${lost ? ` (${lost} cut)` : ""}; the tail of ${fmtPct(r.tail_prob, 2)} beyond them is left out. New settings reshape the bars at once and reach the engine at the next step. Click a bar to take that token instead.`;
+    chartNote.textContent = `Blue: the serving engine's probabilities at temperature 1 over all ${state.hello.vocab_size.toLocaleString()} tokens (${weightFormat(state.hello.weight_format)}). Orange: your temperature ${s.temperature < 1e-5 ? "0 (greedy: all on the top token)" : s.temperature.toFixed(2)}, top-k ${s.top_k || "off"} and top-p ${s.top_p >= 1 ? "off" : s.top_p.toFixed(2)} applied to these ${r.candidates.length} logits and renormalised over them${lost ? ` (${lost} cut)` : ""}; the tail of ${fmtPct(r.tail_prob, 2)} beyond them is left out. New settings reshape the bars at once and reach the engine at the next step. Click a bar to take that token instead.`;
     return plot(chartNode, [
       { type: "bar", orientation: "h", name: "model, T = 1", y: labels, x: r.candidates.map((c) => c.prob), text: hover,
         marker: { color: "#3c67cc" }, textposition: "none", hovertemplate: "%{y}<br>%{text}<br>p = %{x:.4f}<extra>model</extra>" },

@@ -9,7 +9,7 @@ import { el, field, select, setState } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { listen } from "../lib/events.js";
-import { fmtMs, fmtNum, fmtBytes } from "../lib/format.js";
+import { fmtMs, fmtNum, fmtBytes, weightFormat } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
 
 const LENGTHS = [16, 32, 64, 128, 256, 512, 1024, 2048];
@@ -163,7 +163,8 @@ export function mount(root, ctx) {
     ceiling.set(r.prefill_ceiling_tokens_per_s, fmtNum(r.prefill_ceiling_tokens_per_s, 3));
     const p = (text) => el("p", { text });
     why.replaceChildren(
-      p(`Every step reads all ${fmtBytes(r.weight_bytes)} of weights (${fmtNum(r.num_params / 1e6, 3)} M parameters in float32). `
+      p(`Every step reads all ${fmtBytes(r.weight_bytes)} of weights (${fmtNum(r.num_params / 1e6, 3)} M parameters, `
+        + `${weightFormat(r.weight_format)}). `
         + `At ${fmtNum(r.memory_bandwidth_gb_s, 3)} GB/s that alone takes ${fmtMs(r.decode_floor_ms)}.`),
       p(`Decode puts one token through them: about ${fmtNum(r.flops_per_token / 1e6, 3)} MFLOPs, `
         + `${fmtNum(r.decode_intensity, 2)} FLOPs per byte read. This machine can do ${fmtNum(r.machine_balance, 3)} FLOPs `
