@@ -10,10 +10,13 @@ the intensity of an (R, K) @ (K, N) product is 2RKN FLOPs over the bytes it move
 plus the activations). The knee is the row count where the intensity reaches the machine balance
 (peak / bandwidth): below it a row is almost free, above it each row costs its arithmetic.
 
-The products run through core/gemm.py's PackedLinear (the engine's own kernels: fp32 and bf16),
-on weights of each layer's shape (values do not change the time). The job times one shape at one
+The products run through core/gemm.py's PackedLinear (the engine's own kernels: fp32, bf16 and
+q4_1, the 4-bit format the server serves; in q4_1 the LM head is two 4-bit products, as the
+engine runs the file's 8-bit embedding), on weights of each layer's shape (values do not change
+the time). The job times one shape at one
 row count per slice (a warm-up call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory
-read bandwidth and matmul peak in the format's dtype, best of TRIES, one try per slice. The
+read bandwidth and matmul peak in the format (a square product hot in cache; in q4_1 through the
+4-bit kernel), best of TRIES, one try per slice. The
 largest slice is the LM head at 256 rows: one call, about 0.2 s in fp32 on two threads.
 
 Message: `gemm` {format, max_rows, run} -> a job (cached by its inputs; `run` is the reader's
@@ -26,14 +29,15 @@ import torch
 
 from core.config import WeightFormat
 from core.errors import InvalidParameter, is_int
-from core.gemm import PackedLinear
+from core.gemm import PackedLinear, linear_q4
+from core.model import q8_0_as_two_q4
 
 from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
 from .phases import machine, read_bandwidth
 
 ROWS = tuple(1 << i for i in range(9))      # 1, 2, 4, ... 256
-FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FORMATS = ("fp32", "bf16", "q4_1")
 DEFAULT_FORMAT, DEFAULT_MAX_ROWS = "fp32", 256
 MAX_RUN = 1_000_000
 REPEATS = 5          # timed calls per point, best of: the machine is shared
@@ -76,12 +80,12 @@ def gemm_job(engine, format: str, max_rows: int, run: int):
     done = 0
     points = []
     for shape in shapes:
-        weight = PackedLinear(WeightFormat(format), torch.randn(shape["n"], shape["k"]) * 0.02)  # (N, K)
+        weight, nbytes = product(format, shape)
         for r in rows:
             if 2 * r * shape["k"] * shape["n"] > EXCLUSIVE_FLOPS:
                 yield EXCLUSIVE                  # a long product: time it while nobody is served
             seconds = time_product(weight, r, shape["k"])
-            points.append(point(shape, weight.nbytes, r, seconds))
+            points.append(point(shape, nbytes, r, seconds))
             done += 1
             yield Progress(done, total, f"{shape['name']} ({shape['k']}→{shape['n']}), {r} rows")
     bandwidth = peak = 0.0
@@ -90,13 +94,24 @@ def gemm_job(engine, format: str, max_rows: int, run: int):
         done += 1
         yield Progress(done, total, "memory bandwidth")
     for _ in range(TRIES):
-        peak = max(peak, matmul_peak(FORMATS[format]))
+        peak = max(peak, matmul_peak(format))
         done += 1
         yield Progress(done, total, f"{format} matmul peak")
     return summary(format, max_rows, run, shapes, points, bandwidth, peak)
 
 
-def time_product(weight: PackedLinear, rows: int, k: int) -> float:
+def product(format: str, shape: dict):
+    """The engine's product for a weight of the shape's (N, K), and the bytes it reads: -> (a
+    function of x (R, K), bytes)."""
+    w = torch.randn(shape["n"], shape["k"]) * 0.02                    # (N, K)
+    if format == "q4_1" and shape["name"] == "LM head":                # the Q8_0 embedding, as model.py runs it
+        hi, lo = q8_0_as_two_q4(w)
+        return (lambda x: linear_q4(x, *hi) + linear_q4(x, *lo)), sum(t.nbytes for t in (*hi, *lo))
+    layer = PackedLinear(WeightFormat(format), w)
+    return layer, layer.nbytes
+
+
+def time_product(weight, rows: int, k: int) -> float:
     """Best time of weight(x) for x (rows, K). The first call is a warm-up, unless it alone took
     more than SLICE_S (then it is the measurement: the slice is already long); then up to REPEATS
     timed calls, stopping once the slice has run SLICE_S."""
@@ -116,13 +131,20 @@ def time_product(weight: PackedLinear, rows: int, k: int) -> float:
     return best
 
 
-def matmul_peak(dtype: torch.dtype) -> float:
-    """FLOP/s of one (N, N) @ (N, N) product in dtype, hot in cache (compute-bound)."""
-    a = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
-    b = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
-    a @ b
+def matmul_peak(format: str) -> float:
+    """FLOP/s of one (N, N) @ (N, N) product in the format, hot in cache (compute-bound): a plain
+    matmul in fp32 or bf16, the engine's 4-bit kernel in q4_1."""
+    if format == "q4_1":
+        a, multiply = torch.randn(PEAK_SIZE, PEAK_SIZE), PackedLinear(WeightFormat.Q4_1, torch.randn(PEAK_SIZE, PEAK_SIZE))
+    else:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[format]
+        a, b = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype), torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
+
+        def multiply(x):
+            return x @ b
+    multiply(a)
     t0 = time.perf_counter()
-    a @ b
+    multiply(a)
     return 2 * PEAK_SIZE ** 3 / (time.perf_counter() - t0)
 
 

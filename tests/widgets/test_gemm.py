@@ -20,7 +20,7 @@ def test_gemm_registers_one_job():
 
 def test_gemm_refuses_bad_input_naming_the_field(ws):
     for fields, param in [
-        ({"format": "fp16"}, "format"), ({"format": 32}, "format"), ({"format": "q4_1"}, "format"),
+        ({"format": "fp16"}, "format"), ({"format": 32}, "format"), ({"format": "Q4_1"}, "format"),
         ({"max_rows": 32}, "max_rows"), ({"max_rows": 100}, "max_rows"), ({"max_rows": "64"}, "max_rows"),
         ({"max_rows": 512}, "max_rows"), ({"max_rows": 64.0}, "max_rows"),
         ({"run": -1}, "run"), ({"run": "again"}, "run"),
@@ -40,11 +40,14 @@ def check_structure(r, cfg: dict, max_rows: int) -> None:
                 (h, cfg["vocab_size"])]
     assert [s["name"] for s in r["shapes"]] == NAMES
     assert [(s["k"], s["n"]) for s in r["shapes"]] == expected
-    bytes_per_weight = {"fp32": 4, "bf16": 2}[r["format"]]
+    # q4_1: half a byte a weight and a bf16 scale and zero per 32; its LM head is the Q8_0
+    # embedding as two such products
+    bytes_per_weight = {"fp32": 4, "bf16": 2, "q4_1": 0.5 + 4 / 32}[r["format"]]
     balance = r["peak_gflops"] / r["bandwidth_gb_s"]
     assert r["machine_balance"] == pytest.approx(balance)
     for s in r["shapes"]:
-        assert s["weight_bytes"] == bytes_per_weight * s["k"] * s["n"]
+        twice = 2 if r["format"] == "q4_1" and s["name"] == "LM head" else 1
+        assert s["weight_bytes"] == twice * bytes_per_weight * s["k"] * s["n"]
         pts = [p for p in r["points"] if p["shape"] == s["name"]]
         assert [p["rows"] for p in pts] == rows
         for p in pts:
@@ -73,6 +76,13 @@ def test_gemm_times_every_shape_at_every_row_count(ws):
     assert {k: v for k, v in cached.items() if k != "id"} == {k: v for k, v in r.items() if k != "id"}
     again = ws.job("gemm", timeout=180, format="bf16", max_rows=64, run=1)
     assert again["run"] == 1 and again["machine"]["measured_at"] >= r["machine"]["measured_at"]
+
+
+def test_gemm_times_the_4_bit_format_the_chat_runs(ws):
+    r = ws.job("gemm", timeout=180, format="q4_1", max_rows=64)
+    assert (r["type"], r["format"]) == ("gemm", "q4_1"), r
+    check_structure(r, ws.hello, 64)
+    assert r["peak_gflops"] > 0
 
 
 def test_the_job_times_one_point_per_slice(tiny_loaded):

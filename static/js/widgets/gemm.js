@@ -10,7 +10,7 @@ import { fmtNum } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
 
 const OPTIONS = {
-  format: { type: "string", default: "fp32", choices: ["fp32", "bf16"] },
+  format: { type: "string", default: "fp32", choices: ["fp32", "bf16", "q4_1"] },
   max_rows: { type: "int", default: 256, choices: [64, 128, 256] },
 };
 const COLORS = ["#2f5fd0", "#1d7a4f", "#d0702f", "#8a3fb8", "#b8323f"];
@@ -21,7 +21,7 @@ export function mount(root, ctx) {
   const opts = ctx.readOptions(OPTIONS).values;
   const state = { run: 0 };
 
-  const format = select([["fp32", "fp32 (the reference)"], ["bf16", "bf16"]], opts.format, { name: "format", "aria-label": "Weight format" });
+  const format = select([["fp32", "fp32 (the reference)"], ["bf16", "bf16"], ["q4_1", "q4_1 (4-bit, what the chat runs)"]], opts.format, { name: "format", "aria-label": "Weight format" });
   const maxRows = select([64, 128, 256].map((n) => [n, `${n} rows`]), opts.max_rows, { name: "max_rows", "aria-label": "Most rows" });
   const again = el("button", { type: "button", class: "primary", text: "Measure again" });
   const progress = el("p", { class: "progress", "aria-live": "polite" });
