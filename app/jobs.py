@@ -15,6 +15,9 @@ and jobs in one thread, as a time-sharing OS would do it with a quantum).
   thing computes it once.
 - Progress: a job that runs for over a second reports its yielded Progress every half second.
 - Abort: a subscriber can leave; a job with no subscribers left is stopped at its next slice.
+- One thread count a job: the serving engine may change torch's thread count before any step
+  (core/cpu_share.py), so each job keeps the count it started with for all its slices (set
+  before a slice, the engine's put back after), and a timing reports the threads it ran on.
 - Exclusive slices: a job whose next slice cannot be short (the one-piece prefill an experiment
   exists to show) yields EXCLUSIVE first; that slice then runs only while the serving engine has
   no request in flight, so it stalls nobody's chat. Other jobs go on meanwhile.
@@ -27,6 +30,8 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
+
+import torch
 
 from core.errors import EngineOverloaded
 
@@ -78,6 +83,7 @@ class _Job:
     last_progress: float = 0.0
     progress: Progress | None = None
     exclusive: bool = False                           # its next slice waits for an idle engine
+    threads: int = 0                                  # torch threads for its slices: the count when it began
 
 
 class JobRunner:
@@ -172,9 +178,13 @@ class JobRunner:
         if job is None:
             return False
         t0 = time.perf_counter()
+        serving_threads = torch.get_num_threads()
         try:
             if job.gen is None:
                 job.gen = _as_generator(job.work, engine)
+                job.threads = serving_threads
+            elif job.threads != serving_threads:
+                torch.set_num_threads(job.threads)
             job.exclusive = False
             item = next(job.gen)
         except StopIteration as stop:
@@ -190,6 +200,8 @@ class JobRunner:
                 job.progress = item
             self._maybe_report(job)
         finally:
+            if torch.get_num_threads() != serving_threads:
+                torch.set_num_threads(serving_threads)
             elapsed = time.perf_counter() - t0
             self.slices += 1
             self.max_slice_s = max(self.max_slice_s, elapsed)

@@ -255,3 +255,26 @@ def test_an_exclusive_slice_waits_for_an_idle_engine():
     assert log[-1] == "long slice"
     drain(runner, FakeEngine(False))
     assert a.results == [{"done": True}]
+
+
+def test_a_job_keeps_the_thread_count_it_began_with(monkeypatch):
+    """The serving engine may change torch's thread count between any two slices (cpu_share.py);
+    each slice of a job runs on the count the job began with, and the engine's count is put back."""
+    counts = {"now": 2}
+    monkeypatch.setattr(jobs.torch, "get_num_threads", lambda: counts["now"])
+    monkeypatch.setattr(jobs.torch, "set_num_threads", lambda n: counts.update(now=n))
+    seen = []
+
+    def work(engine):
+        for _ in range(3):
+            seen.append(counts["now"])
+            yield None
+        return seen
+
+    runner, sub = JobRunner(), Recorder()
+    runner.submit("a", 1, "k", work, sub)
+    for serving in (2, 1, 1, 2):               # what the engine set before each of its steps
+        counts["now"] = serving
+        runner(None)
+        assert counts["now"] == serving, "the engine's count is back after the slice"
+    assert sub.results == [[2, 2, 2]]
