@@ -56,12 +56,17 @@ class LLMEngine:
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
         self.tokenizer = loaded.tokenizer
-        self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
-                                                 config.lm_head_candidates)
-        if config.native:
-            self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
-        # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
-        self.reference_model = self.model.reference()
+        donor = getattr(loaded, "engine", None)    # a sibling's parent: its packed model fits as is?
+        if donor is not None and (donor.config.weight_format, donor.config.lm_head_candidates, donor.config.native) \
+                == (config.weight_format, config.lm_head_candidates, config.native):
+            self.model, self.reference_model = donor.model, donor.reference_model
+        else:
+            self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
+                                                     config.lm_head_candidates)
+            if config.native:
+                self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
+            # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
+            self.reference_model = self.model.reference()
         bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
         self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
@@ -82,8 +87,10 @@ class LLMEngine:
     def sibling(self, **settings) -> "LLMEngine":
         """A second engine on the same weights and tokenizer (no copy), with its own KV pool,
         scheduler and trace, and `settings` (any EngineConfig field) changed: for experiments that
-        run beside the serving engine (the widgets' timing jobs) without touching its state."""
-        loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source)
+        run beside the serving engine (the widgets' timing jobs) without touching its state. In
+        the same weight format it runs this engine's model itself (packing q4_1 again would stall
+        the engine loop for ~0.6 s); both run on the engine loop's one thread, never at once."""
+        loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source, self)
         settings = {"share_cpu": False, "num_threads": None, **settings}  # the serving engine sets threads
         return LLMEngine(dataclasses.replace(self.config, **settings), loaded)
 
@@ -305,6 +312,7 @@ class _Shared:
     state_dict: dict
     tokenizer: object
     source: str
+    engine: object = None     # the engine it comes from, whose packed model a sibling may share
 
 
 def _trim(slots: list) -> list:

@@ -366,6 +366,17 @@ def test_a_sibling_shares_the_weights_and_nothing_else(make_tiny_engine):
     assert engine.num_steps == sib.num_steps
 
 
+def test_a_sibling_in_the_same_format_runs_the_same_packed_model(make_tiny_engine):
+    """No second packing on the engine loop's thread (q4_1 packing of SmolLM2 takes ~0.6 s); a
+    sibling in another format packs its own, over the same fp32 weights."""
+    engine = make_tiny_engine(num_kv_blocks=32, weight_format="q4_1")
+    same = engine.sibling(num_kv_blocks=8, max_num_seqs=2)
+    assert same.model is engine.model and same.reference_model is engine.reference_model
+    other = engine.sibling(num_kv_blocks=8, weight_format="fp32")
+    assert other.model is not engine.model and other.model.weight_format.value == "fp32"
+    assert other.model.embed_tokens.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+
+
 def test_the_widgets_reference_model_is_fp32_on_the_same_weights(make_tiny_engine):
     """A q4_1 engine serves in q4_1 and says so; the widgets' reference model multiplies the
     same weight tensors in fp32. An fp32 engine's reference is its own model."""
