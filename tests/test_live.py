@@ -5,14 +5,17 @@ test ends by checking that a fresh client is still served and every KV block is 
 """
 
 import base64
+import gc
 import json
 import os
 import socket
 import threading
 import time
+import warnings
 
 import pytest
 from simple_websocket import ConnectionClosed
+from simple_websocket import ConnectionError as HandshakeError
 
 from conftest import WS, healthz, wait_for
 
@@ -257,9 +260,19 @@ def test_shutdown_ends_requests_with_abort_and_refuses_newcomers(tiny_loaded):
         stream = ws.finish(mid, accepted=acc)
         assert stream.done["finish_reason"] == "abort"
         assert closed_with(ws) == 1001
-        late = WS(s.ws)
-        assert late.hello["type"] == "error" and "shutting down" in late.hello["message"]
-        late.close()
+        try:
+            late = WS(s.ws)
+        except HandshakeError:
+            # Seen once in CI: the socket closed before the client's handshake finished (the
+            # server refuses newcomers as soon as it accepts them). Still refused; collect the
+            # socket simple_websocket left open now, so its warning does not land in a later test.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
+        else:
+            assert late.hello["type"] == "error" and "shutting down" in late.hello["message"]
+            late.close()
+        wait_for(lambda: runtime.num_connections == 0, timeout=10, what="no connection left, no newcomer let in")
         stats = runtime.loop.stats()
         assert stats["kv"]["free_blocks"] == stats["kv"]["total_blocks"]
     finally:
