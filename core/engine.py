@@ -56,10 +56,8 @@ class LLMEngine:
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
         self.tokenizer = loaded.tokenizer
-        donor = getattr(loaded, "engine", None)    # a sibling's parent: its packed model fits as is?
-        if donor is not None and (donor.config.weight_format, donor.config.lm_head_candidates, donor.config.native) \
-                == (config.weight_format, config.lm_head_candidates, config.native):
-            self.model, self.reference_model = donor.model, donor.reference_model
+        if getattr(loaded, "models", None):          # a sibling in its parent's format: the same modules
+            self.model, self.reference_model = loaded.models
         else:
             self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
                                                      config.lm_head_candidates)
@@ -90,9 +88,13 @@ class LLMEngine:
         run beside the serving engine (the widgets' timing jobs) without touching its state. In
         the same weight format it runs this engine's model itself (packing q4_1 again would stall
         the engine loop for ~0.6 s); both run on the engine loop's one thread, never at once."""
-        loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source, self)
         settings = {"share_cpu": False, "num_threads": None, **settings}  # the serving engine sets threads
-        return LLMEngine(dataclasses.replace(self.config, **settings), loaded)
+        config = dataclasses.replace(self.config, **settings)
+        packed_alike = all(getattr(config, f) == getattr(self.config, f)
+                           for f in ("weight_format", "lm_head_candidates", "native"))
+        loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source,
+                         (self.model, self.reference_model) if packed_alike else None)
+        return LLMEngine(config, loaded)
 
     # -- requests ----------------------------------------------------------------------------
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -312,7 +314,7 @@ class _Shared:
     state_dict: dict
     tokenizer: object
     source: str
-    engine: object = None     # the engine it comes from, whose packed model a sibling may share
+    models: tuple | None = None   # (model, reference_model) to run as they are, when packed alike
 
 
 def _trim(slots: list) -> list:

@@ -88,6 +88,26 @@ def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     return packed, scales_zeros.to(torch.bfloat16).contiguous()
 
 
+def q8_0_as_two_q4(weight: torch.Tensor):
+    """An 8-bit matrix (llama.cpp's Q8_0: w = d*q per group of 32, q in -127..127) as two 4-bit
+    ones for the int4 kernel: q = 16*hi + lo with hi in -8..7 and lo in 0..15, so
+    w = 16d*hi + d*lo. SmolLM2's embedding is Q8_0 in the GGUF, and re-quantizing its fp32
+    values finds the same d and q. -> ((packed, scales_zeros) of 16d*hi, of d*lo)."""
+    V, C = weight.shape
+    groups = weight.float().reshape(V, C // Q4_GROUP, Q4_GROUP)
+    d = (groups.abs().amax(-1) / 127).half().float()                    # (V, C/32)
+    q = (groups / d.clamp_min(1e-12)[..., None]).round().clamp(-127, 127).to(torch.int32)
+    hi, lo = (q >> 4).reshape(V, C), (q & 15).reshape(V, C)
+    return (pack_q4_1(hi + 8, 16 * d, -8 * 16 * d), pack_q4_1(lo, d, torch.zeros_like(d)))
+
+
+def linear_q8_0(x: torch.Tensor, halves) -> torch.Tensor:
+    """x (N, in) times a q8_0_as_two_q4 matrix: the two 4-bit products, summed -> (N, out)
+    bfloat16. Rows independent, as each product's are."""
+    hi, lo = halves
+    return linear_q4(x, *hi) + linear_q4(x, *lo)
+
+
 def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Q4_1 blocks -> the fp32 matrix (out, in) they stand for."""
     return q.float() * d.repeat_interleave(Q4_GROUP, 1) + m.repeat_interleave(Q4_GROUP, 1)

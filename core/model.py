@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .attention import PagedBatch, causal_attention, paged_attention
 from .config import ModelConfig, WeightFormat
-from .gemm import PackedLinear, linear, linear_q4, pack_q4_1
+from .gemm import PackedLinear, linear, linear_q8_0, q8_0_as_two_q4
 from .moe import Experts, MoEMLP
 
 
@@ -208,8 +208,7 @@ class Transformer(nn.Module):
         if self.weight_format is WeightFormat.BF16:
             approx = F.linear(hidden.to(torch.bfloat16), self.lm_head[0])  # (N, V), rows independent
         else:
-            hi, lo = self.lm_head
-            approx = linear_q4(hidden, *hi) + linear_q4(hidden, *lo)     # (N, V)
+            approx = linear_q8_0(hidden, self.lm_head)                     # (N, V), rows independent
         logits = approx.float()
         k = min(self.lm_head_candidates, logits.shape[-1])
         if k:
@@ -224,15 +223,3 @@ class Transformer(nn.Module):
         ids = torch.tensor(input_ids, dtype=torch.long)
         return self.logits(self.forward(ids, torch.arange(len(input_ids))))
 
-
-def q8_0_as_two_q4(weight: torch.Tensor):
-    """An 8-bit matrix (llama.cpp's Q8_0: w = d*q per group of 32, q in -127..127) as two 4-bit
-    ones for the int4 kernel: q = 16*hi + lo with hi in -8..7 and lo in 0..15, so
-    w = 16d*hi + d*lo. SmolLM2's embedding is Q8_0 in the GGUF, and re-quantizing its fp32
-    values finds the same d and q. -> ((packed, scales_zeros) of 16d*hi, of d*lo)."""
-    V, C = weight.shape
-    groups = weight.float().reshape(V, C // 32, 32)
-    d = (groups.abs().amax(-1) / 127).half().float()                    # (V, C/32)
-    q = (groups / d.clamp_min(1e-12)[..., None]).round().clamp(-127, 127).to(torch.int32)
-    hi, lo = (q >> 4).reshape(V, C), (q & 15).reshape(V, C)
-    return (pack_q4_1(hi + 8, 16 * d, -8 * 16 * d), pack_q4_1(lo, d, torch.zeros_like(d)))

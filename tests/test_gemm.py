@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from core.config import WeightFormat
-from core.gemm import (PackedLinear, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows, quantize_q4_1)
-from core.model import q8_0_as_two_q4
+from core.gemm import (PackedLinear, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows, q8_0_as_two_q4,
+                       quantize_q4_1)
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])

@@ -10,14 +10,14 @@ the intensity of an (R, K) @ (K, N) product is 2RKN FLOPs over the bytes it move
 plus the activations). The knee is the row count where the intensity reaches the machine balance
 (peak / bandwidth): below it a row is almost free, above it each row costs its arithmetic.
 
-The products run through core/gemm.py's PackedLinear (the engine's own kernels: fp32, bf16 and
-q4_1, the 4-bit format the server serves; in q4_1 the LM head is two 4-bit products, as the
-engine runs the file's 8-bit embedding), on weights of each layer's shape (values do not change
-the time). The job times one shape at one
-row count per slice (a warm-up call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory
-read bandwidth and matmul peak in the format (a square product hot in cache; in q4_1 through the
-4-bit kernel), best of TRIES, one try per slice. The
-largest slice is the LM head at 256 rows: one call, about 0.2 s in fp32 on two threads.
+The products run through core/gemm.py's kernels, the engine's own: PackedLinear in fp32, bf16
+and q4_1 (the 4-bit format the server serves; in q4_1 the LM head is linear_q8_0, the file's
+8-bit embedding as two 4-bit products, as the engine runs it), on weights of each layer's shape
+(values do not change the time). The job times one shape at one row count per slice (a warm-up
+call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory read
+bandwidth and matmul peak in the format (a square product hot in cache; in q4_1 through the 4-bit
+kernel), best of TRIES, one try per slice. The largest slice is the LM head at 256 rows: one call,
+about 0.2 s in fp32 on two threads.
 
 Message: `gemm` {format, max_rows, run} -> a job (cached by its inputs; `run` is the reader's
 "measure again" counter). The reply carries the machine, its threads and the time it ran.
@@ -29,8 +29,7 @@ import torch
 
 from core.config import WeightFormat
 from core.errors import InvalidParameter, is_int
-from core.gemm import PackedLinear, linear_q4
-from core.model import q8_0_as_two_q4
+from core.gemm import PackedLinear, linear_q8_0, q8_0_as_two_q4
 
 from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
@@ -105,8 +104,8 @@ def product(format: str, shape: dict):
     function of x (R, K), bytes)."""
     w = torch.randn(shape["n"], shape["k"]) * 0.02                    # (N, K)
     if format == "q4_1" and shape["name"] == "LM head":                # the Q8_0 embedding, as model.py runs it
-        hi, lo = q8_0_as_two_q4(w)
-        return (lambda x: linear_q4(x, *hi) + linear_q4(x, *lo)), sum(t.nbytes for t in (*hi, *lo))
+        halves = q8_0_as_two_q4(w)
+        return (lambda x: linear_q8_0(x, halves)), sum(t.nbytes for half in halves for t in half)
     layer = PackedLinear(WeightFormat(format), w)
     return layer, layer.nbytes
 

@@ -14,7 +14,8 @@ Waterman & Patterson, 2009). This widget measures all four on this machine:
 - memory read bandwidth (a timed sum over a tensor far larger than the caches) and matmul FLOP/s
   (a timed square matmul), best of a few tries each, one try per slice;
 - from those, the roofline's bounds for this model: the decode step can be no faster than reading
-  every weight once (in the serving engine's weight format: fp32, bf16 or 4-bit q4_1), and prefill no faster than 2 FLOPs per weight per token at the matmul rate.
+  every weight once (in the serving engine's weight format: fp32, bf16 or 4-bit q4_1), and
+  prefill no faster than 2 FLOPs per weight per token at the matmul rate.
 
 Message: `phases` {max_prompt, decode_tokens, run} -> a job (cached by its inputs: `run` is the
 reader's "measure again" counter). The reply carries the machine, its thread count and the time
