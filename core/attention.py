@@ -2,24 +2,29 @@
 
 One engine step packs the new tokens of many sequences into one flat tensor of T tokens: a
 prefill chunk of one request, the single next token of another, and so on (no padding in the
-linear layers). Attention is the one place where sequences must stay apart, so this module
-regroups the queries per sequence and gathers each sequence's keys from its KV blocks, the way
-vLLM's PagedAttention reads a block table (Kwon et al., 2023), written here in plain torch:
+linear layers). Attention is the one place where sequences must stay apart: each token reads the
+keys and values of its own sequence, 0..its position, through the sequence's block table, the way
+vLLM's PagedAttention does (Kwon et al., 2023).
 
-    gather:  k_cache[layer][block_tables]  ->  (S, blocks * block_size, Hkv, D)
-    attend:  softmax(q k^T / sqrt(D) + causal mask) v, one batched matmul per group
+Two implementations, one contract (a token's output depends on nothing but its own query and its
+sequence's keys and values, so a request gives the same bits alone, batched or chunked):
 
-Sequences are split into a few groups of similar lengths (plan_groups), so that a long prefill
-or a long context does not pad every other sequence to its length.
+- the kernel in C++ (csrc/paged_attention.cpp), used wherever the extension builds (native.py):
+  one fixed sequence of float operations per query row, reading the pool in place, with no
+  padding; invariant by construction.
+- the torch path below, where it cannot be built: sequences are regrouped (plan_groups), their
+  blocks gathered, and softmax(q k^T / sqrt(D) + causal mask) v computed with one batched matmul
+  per group. Every matmul there has a whole number of row panels (see gemm.py), and the score
+  matmul and the softmax take another kernel for very few keys, so a group reads at least
+  MIN_KEYS key slots (the extra ones masked); padding keys or queries never changes a member's
+  result. The two paths round differently, so an engine uses one of them throughout.
 
-Batch invariance: every matmul here has a whole number of row panels (see gemm.py), and the
-score matmul and the softmax take another kernel for very few keys, so a group reads at least
-MIN_KEYS key slots (the extra ones masked). Padding keys or queries never changes a member's
-result; this is why a batched request gives exactly the tokens it gives alone.
+`attend` and `causal_attention` (the explicit softmax, with the attention weights) also serve the
+widgets that look inside the model (probes.py).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -125,7 +130,11 @@ class PagedBatch:
 
     cache: KVCache
     slot_mapping: torch.Tensor  # (T,) pool slot of each new token's K and V
-    groups: list[SequenceGroup]
+    block_tables: torch.Tensor  # (S, nb) each sequence's blocks, as far as this step reads (0-padded)
+    token_seq: torch.Tensor     # (T,) each token's row of block_tables
+    positions: torch.Tensor     # (T,) each token's position: it reads keys 0..position
+    kernel: object = None       # the C++ extension (native.extension()); None: the torch path
+    groups: list["SequenceGroup"] = field(default_factory=list)  # the torch path's groups (plan_groups)
 
 
 MAX_PADDING = 1.5                # a group may do at most this much more work than its members alone
@@ -194,15 +203,21 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
     earlier tokens of its sequence, whether computed this step or in an earlier one.
     """
     cache = batch.cache
+    if batch.kernel is not None:
+        batch.kernel.write_kv(cache.k[layer], cache.v[layer], batch.slot_mapping, k, v)
+        return batch.kernel.paged_attention(q, cache.k[layer], cache.v[layer], batch.block_tables,
+                                            batch.token_seq, batch.positions)
     Hkv, D = k.shape[1], k.shape[2]
     H = q.shape[1]
-    cache.k[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, k)
-    cache.v[layer].view(-1, Hkv, D).index_copy_(0, batch.slot_mapping, v)
+    keys_pool, values_pool = cache.token_major(layer)          # (blocks, block_size, Hkv, D) views
+    block, offset = batch.slot_mapping // cache.block_size, batch.slot_mapping % cache.block_size
+    keys_pool[block, offset] = k
+    values_pool[block, offset] = v
     out = None
     for g in batch.groups:
         S, Q = g.token_index.shape
-        keys = cache.k[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)    # (S, K, Hkv, D)
-        values = cache.v[layer].index_select(0, g.flat_blocks).view(S, -1, Hkv, D)
+        keys = keys_pool[g.flat_blocks].reshape(S, -1, Hkv, D)                      # (S, K, Hkv, D)
+        values = values_pool[g.flat_blocks].reshape(S, -1, Hkv, D)
         y, _ = attend(q.index_select(0, g.flat_tokens).view(S, Q, H, D), keys, values, g.mask,
                       g.score_mask(H // Hkv), g.mask_from)
         rows = y.reshape(S * Q, H, D).index_select(0, g.real_rows)          # (R, H, D)

@@ -3,6 +3,11 @@
 Paged like virtual memory (Kwon et al., 2023): the pool is a fixed array of blocks of
 `block_size` token slots, and the block manager decides which blocks each sequence owns. Slot s
 of the pool is block s // block_size, offset s % block_size.
+
+Inside a block, keys are stored transposed, (Hkv, D, block_size): the attention kernel
+(csrc/paged_attention.cpp) scores 16 keys at once, and dimension d of 16 neighbouring keys is then
+one contiguous vector. Values stay one row per token, (Hkv, block_size, D), which is how they are
+summed. `token_major` gives both as (blocks, block_size, Hkv, D) views.
 """
 
 import numpy as np
@@ -12,17 +17,24 @@ BYTES_PER_VALUE = 4  # fp32, like the weights
 
 
 class KVCache:
-    """k, v: (L, num_blocks, block_size, Hkv, D)."""
+    """k: (L, num_blocks, Hkv, D, block_size); v: (L, num_blocks, Hkv, block_size, D)."""
+
+    DIMS = {"k": ("layers", "blocks", "KV heads", "head size", "slots per block"),
+            "v": ("layers", "blocks", "KV heads", "slots per block", "head size")}
 
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim):
-        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        # Zeros, because attention reads whole blocks and masks the unused slots: 0 * garbage
-        # could be NaN. numpy's zeros come from calloc, so the OS hands out zeroed pages only
-        # when a block is first written, and a 1 GiB pool costs nothing up front.
-        self.k = torch.from_numpy(np.zeros(shape, dtype=np.float32))
-        self.v = torch.from_numpy(np.zeros(shape, dtype=np.float32))
+        # Zeros: numpy's zeros come from calloc, so the OS hands out zeroed pages only when a
+        # block is first written, and a 1 GiB pool costs nothing up front. Attention never reads
+        # a slot beyond a token's position (the torch path reads whole blocks and masks them,
+        # where 0 * garbage could be NaN; zeros keep that safe too).
+        self.k = torch.from_numpy(np.zeros((num_layers, num_blocks, num_kv_heads, head_dim, block_size), dtype=np.float32))
+        self.v = torch.from_numpy(np.zeros((num_layers, num_blocks, num_kv_heads, block_size, head_dim), dtype=np.float32))
         self.num_blocks = num_blocks
         self.block_size = block_size
+
+    def token_major(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values as (blocks, block_size, Hkv, D) views of the pool."""
+        return self.k[layer].permute(0, 3, 1, 2), self.v[layer].permute(0, 2, 1, 3)
 
     @property
     def nbytes(self) -> int:

@@ -1,10 +1,12 @@
 """Turn one scheduled step into tensors, run the model over the paged KV cache, return logits.
 
 The scheduler says which sequences compute how many tokens; the runner packs those tokens into
-one flat batch (ids, positions, the pool slot of each token's K and V), groups the sequences for
-attention by length (a long prefill chunk in causal pieces), runs the forward pass once, and keeps the logits
-only of each sequence whose computed tokens reach its end (a finished prefill or a decode): only
-those sample a token this step. The LM head is 49152 x 576, so skipping the other rows matters.
+one flat batch (ids, positions, the pool slot of each token's K and V, each sequence's block
+table), runs the forward pass once, and keeps the logits only of each sequence whose computed
+tokens reach its end (a finished prefill or a decode): only those sample a token this step. The
+LM head is 49152 x 576, so skipping the other rows matters. Where the attention kernel is not
+built, the runner also groups the sequences for attention.py's torch path (a long prefill chunk
+in causal pieces).
 """
 
 from dataclasses import dataclass
@@ -12,14 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import native
 from .attention import PagedBatch, build_group, min_query_rows, plan_groups
 from .kv_cache import KVCache
 from .model import Transformer
 from .sequence import Sequence
 
-# A prefill chunk attends as pieces of this many queries, each reading the keys up to its own
-# last position only: a causal mask over one (n, n) square wastes half the products, pieces of
-# 64 waste about 1/(2 * pieces) of them. Any split gives the same bits (attention.py pads keys
+# The torch path only: a prefill chunk attends as pieces of this many queries, each reading the
+# keys up to its own last position only: a causal mask over one (n, n) square wastes half the
+# products, pieces of 64 waste about 1/(2 * pieces) of them. Any split gives the same bits (attention.py pads keys
 # and queries without changing a result), so this is a speed knob only.
 PREFILL_PIECE = 64
 
@@ -40,19 +43,22 @@ class ModelRunner:
         self.block_size = cache.block_size
         cfg = model.config
         self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
+        self.kernel = native.attention_kernel(cfg.head_dim)  # None: attention.py's torch path
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
         """Plain Python and numpy over the scheduled sequences, then one tensor per field: the
-        cost grows with the number of new tokens, never with the length of the contexts."""
+        cost grows with the new tokens and the blocks they read, never with anything else."""
         bs = self.block_size
-        ids, positions, slots = [], [], []
-        entries = []
+        ids, positions, slots, token_seq = [], [], [], []
+        tables, entries = [], []
         sample_rows, sample_seqs = [], []
         t = 0
-        for seq, n in scheduled:
+        for row, (seq, n) in enumerate(scheduled):
             start = seq.num_computed_tokens
-            table = seq.block_table
+            table = seq.block_table[: -(-(start + n) // bs)]     # the blocks this step reads
+            tables.append(table)
             ids.extend(seq.token_ids[start:start + n])
+            token_seq.extend([row] * n)
             if n == 1:                                         # a decode: one slot
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
@@ -60,18 +66,24 @@ class ModelRunner:
                 pos = np.arange(start, start + n)
                 positions.extend(pos.tolist())
                 slots.extend((np.asarray(table)[pos // bs] * bs + pos % bs).tolist())
-            for off in range(0, n, PREFILL_PIECE):             # causal pieces (see above)
-                m = min(PREFILL_PIECE, n - off)
-                entries.append((t + off, m, start + off, table[: -(-(start + off + m) // bs)]))
+            if self.kernel is None:
+                for off in range(0, n, PREFILL_PIECE):         # causal pieces (see above)
+                    m = min(PREFILL_PIECE, n - off)
+                    entries.append((t + off, m, start + off, table[: -(-(start + off + m) // bs)]))
             if start + n == seq.num_tokens:
                 sample_rows.append(t + n - 1)
                 sample_seqs.append(seq)
             t += n
+        block_tables = np.zeros((len(tables), max(map(len, tables), default=0)), dtype=np.int64)
+        for row, table in enumerate(tables):
+            block_tables[row, : len(table)] = table
         groups = [build_group(g, bs, self.min_rows) for g in plan_groups(entries, bs, self.min_rows)]
+        positions = torch.tensor(positions, dtype=torch.long)
         return StepInput(
             input_ids=torch.tensor(ids, dtype=torch.long),
-            positions=torch.tensor(positions, dtype=torch.long),
-            batch=PagedBatch(self.cache, torch.tensor(slots, dtype=torch.long), groups),
+            positions=positions,
+            batch=PagedBatch(self.cache, torch.tensor(slots, dtype=torch.long), torch.from_numpy(block_tables),
+                             torch.tensor(token_seq, dtype=torch.long), positions, self.kernel, groups),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long),
             sample_seqs=sample_seqs,
         )

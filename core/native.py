@@ -1,5 +1,7 @@
 """The decoder's layers in C++ (csrc/decoder.cpp), for the engine's steps: the same ATen
-operations as model.py and attention.py, in the same order, so the same bits, without Python.
+operations as model.py, in the same order, and the same attention kernel
+(csrc/paged_attention.cpp, which model.py calls through attention.py too), so the same bits,
+without Python.
 
 A decode step of SmolLM2 is about 1,500 small tensor operations; through Python each costs a few
 microseconds more than the operation itself, as much as the int4 products altogether (profile in
@@ -7,9 +9,12 @@ the README). Tracing or compiling the forward was tried and dropped (torch.compi
 changed greedy tokens); this is the forward written out once more, in C++, operation for
 operation, and a test holds it to the Python one bit for bit in every weight format.
 
-It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute)
-and cached under torch's extensions directory. Where it cannot be built, or for a model with
-experts, the engine runs model.py's Python (the same results, slower) and says so once in the log.
+It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute),
+for this machine's CPU (-march=native: the attention kernel is written for AVX-512, with a
+lane-by-lane fallback) and cached under torch's extensions directory. A model with experts runs
+model.py's Python with the attention kernel. Where the extension cannot be built, the engine runs
+model.py's Python with attention.py's torch path (batch-invariant too, slower; it rounds
+differently) and says so once in the log.
 """
 
 import functools
@@ -24,7 +29,7 @@ from .config import WeightFormat
 from .gemm import BF16_MIN_ROWS, MIN_GEMM_ROWS, Q4_GROUP
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decoder.cpp"
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decoder.cpp", "paged_attention.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
 
 
@@ -37,12 +42,19 @@ def extension():
         if shutil.which("ninja") is None and shutil.which("ninja", path=venv_bin):
             os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
         log.info("loading the C++ decoder (built on first use, about a minute; cached after)")
-        return cpp_extension.load(name="sendlens_decoder", sources=[str(SOURCE)],
-                                  extra_cflags=["-O2"], verbose=False)
+        return cpp_extension.load(name="sendlens_decoder", sources=[str(p) for p in SOURCES],
+                                  extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                  extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build: Python does the same work
         log.warning("the C++ decoder could not be built (%s: %s); the engine runs model.py's Python "
                     "forward instead (the same results, slower)", type(exc).__name__, str(exc).strip()[:300])
         return None
+
+
+def attention_kernel(head_dim: int):
+    """The extension, for paged_attention, where it is built and handles this head size; else None."""
+    ext = extension()
+    return ext if ext is not None and ext.supports_head_dim(head_dim) else None
 
 
 class NativeDecoder:
@@ -61,21 +73,16 @@ class NativeDecoder:
                                    model.rotary.cos, model.rotary.sin, layers,
                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
                                    MIN_GEMM_ROWS, BF16_MIN_ROWS, Q4_GROUP)
-        self.group_size = cfg.num_heads // cfg.num_kv_heads
 
     def forward(self, input_ids, positions, batch: PagedBatch):
         """As Transformer.forward with a PagedBatch: (T,), (T,) -> final hidden states (T, C)."""
-        groups = []
-        for g in batch.groups:
-            S, Q = g.token_index.shape
-            groups.append((g.flat_blocks, g.flat_tokens, g.real_rows, g.real_tokens, g.score_mask(self.group_size),
-                           g.mask_from, S, Q, g.in_order))
-        return self.decoder.forward(input_ids, positions, batch.cache.k, batch.cache.v, batch.slot_mapping, groups)
+        return self.decoder.forward(input_ids, positions, batch.cache.k, batch.cache.v, batch.slot_mapping,
+                                    batch.block_tables, batch.token_seq)
 
 
 def native_decoder(model) -> NativeDecoder | None:
     """The C++ decoder for `model`, or None where it cannot run (no build here, or experts)."""
     if model.config.num_experts:
         return None
-    ext = extension()
+    ext = attention_kernel(model.config.head_dim)
     return NativeDecoder(model, ext) if ext is not None else None

@@ -114,13 +114,41 @@ def test_attend_masks_whole_rows_per_sequence():
         assert torch.allclose(y[:, :, h], v[:, 0, h // (H // Hkv)][:, None].expand(S, Q, D))
 
 
-def test_paged_attention_matches_contiguous_attention():
+def kernel_or_torch(name):
+    """The C++ kernel (native.py builds it; test_native checks that it is built here), or None:
+    attention.py's torch path."""
+    from core import native
+    return native.extension() if name == "kernel" else None
+
+
+def paged_batch(cache, tables, chunks, kernel):
+    """A PagedBatch for chunks [(seq, first position, n)] as ModelRunner.prepare makes it."""
+    bs = cache.block_size
+    slots, token_seq, positions, groups_in = [], [], [], {"decode": [], "prefill": []}
+    t = 0
+    for row, (s, start, n) in enumerate(chunks):
+        pos = torch.arange(start, start + n)
+        slots.append(torch.tensor(tables[s])[pos // bs] * bs + pos % bs)
+        token_seq += [row] * n
+        positions.append(pos)
+        groups_in["decode" if n == 1 else "prefill"].append((t, n, start, tables[s]))
+        t += n
+    nb = max(len(tables[s]) for s, _, _ in chunks)
+    block_tables = torch.tensor([tables[s] + [0] * (nb - len(tables[s])) for s, _, _ in chunks])
+    groups = [] if kernel else [build_group(v, bs, 2) for v in groups_in.values() if v]
+    return PagedBatch(cache, torch.cat(slots), block_tables, torch.tensor(token_seq), torch.cat(positions),
+                      kernel, groups)
+
+
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+@pytest.mark.parametrize("bs", [4, 16])
+def test_paged_attention_matches_contiguous_attention(path, bs):
     """Two sequences in scattered blocks, prefilled in chunks and decoded, against plain causal
     attention over each whole sequence."""
     g = torch.Generator().manual_seed(4)
-    H, Hkv, D, bs = 4, 2, 8, 4
+    H, Hkv, D = 4, 2, 16
     cache = KVCache(1, 8, bs, Hkv, D)
-    lens = [10, 6]
+    lens = [10, 6] if bs == 4 else [40, 20]
     tables = [[5, 1, 7], [2, 6]]
     qs = [torch.randn(n, H, D, generator=g) for n in lens]
     ks = [torch.randn(n, Hkv, D, generator=g) for n in lens]
@@ -128,14 +156,7 @@ def test_paged_attention_matches_contiguous_attention():
     outputs = [[], []]
 
     def step(chunks):  # chunks: (seq, start, n)
-        ids, groups_in = [], {"decode": [], "prefill": []}
-        t = 0
-        for s, start, n in chunks:
-            pos = torch.arange(start, start + n)
-            ids.append(torch.tensor(tables[s])[pos // bs] * bs + pos % bs)
-            groups_in["decode" if n == 1 else "prefill"].append((t, n, start, tables[s]))
-            t += n
-        batch = PagedBatch(cache, torch.cat(ids), [build_group(v, bs, 2) for v in groups_in.values() if v])
+        batch = paged_batch(cache, tables, chunks, kernel_or_torch(path))
         q = torch.cat([qs[s][a:a + n] for s, a, n in chunks])
         k = torch.cat([ks[s][a:a + n] for s, a, n in chunks])
         v = torch.cat([vs[s][a:a + n] for s, a, n in chunks])
@@ -145,14 +166,57 @@ def test_paged_attention_matches_contiguous_attention():
             outputs[s].append(y[t:t + n])
             t += n
 
-    step([(0, 0, 7), (1, 0, 3)])
-    step([(0, 7, 2), (1, 3, 3)])
-    step([(0, 9, 1)])
+    first = 7 if bs == 4 else 30
+    step([(0, 0, first), (1, 0, 3)])
+    step([(0, first, lens[0] - first - 1), (1, 3, lens[1] - 3)])
+    step([(0, lens[0] - 1, 1)])
     for s in range(2):
         got = torch.cat(outputs[s])
         assert torch.allclose(got, reference_attention(qs[s], ks[s], vs[s]), atol=1e-5)
-        flat_k = cache.k[0][tables[s]].flatten(0, 1)[: lens[s]]
-        assert torch.equal(flat_k, ks[s])     # each token's K sits in its sequence's blocks
+        keys, values = cache.token_major(0)
+        assert torch.equal(keys[tables[s]].flatten(0, 1)[: lens[s]], ks[s])  # each token's K and V sit
+        assert torch.equal(values[tables[s]].flatten(0, 1)[: lens[s]], vs[s])  # in its sequence's blocks
+
+
+@pytest.mark.parametrize("bs", [1, 4, 16, 32])
+def test_the_kernel_computes_each_row_on_its_own(threads, bs):
+    """The C++ kernel's promise (csrc/paged_attention.cpp): a token's output has the same bits
+    whatever else is computed with it: its sequence's other queries, other sequences, threads."""
+    kernel = kernel_or_torch("kernel")
+    g = torch.Generator().manual_seed(6)
+    H, Hkv, D, n = 9, 3, 64, 70
+    cache = KVCache(1, 2 * (-(-n // bs)) + 2, bs, Hkv, D)
+    tables = [list(range(1, 1 + -(-n // bs))), list(range(1 + -(-n // bs), 1 + 2 * -(-n // bs)))]
+    q = torch.randn(2 * n, H, D, generator=g)
+    k, v = torch.randn(2 * n, Hkv, D, generator=g), torch.randn(2 * n, Hkv, D, generator=g)
+    whole = paged_batch(cache, tables, [(0, 0, n), (1, 0, n)], kernel)
+    full = paged_attention(q, k, v, 0, whole)                     # both sequences in one step
+    for t in (0, 1, 15, 16, 17, 40, n - 1):
+        for s in (0, 1):
+            alone = paged_batch(cache, tables, [(s, t, 1)], kernel)
+            row = s * n + t
+            y = paged_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], 0, alone)
+            assert torch.equal(y[0], full[row]), f"token {t} of sequence {s} alone"
+        piece = paged_batch(cache, tables, [(1, t, 3), (0, t, 1)] if t + 3 <= n else [(0, t, 1)], kernel)
+        rows = [n + t, n + t + 1, n + t + 2, t] if t + 3 <= n else [t]
+        y = paged_attention(q[rows], k[rows], v[rows], 0, piece)
+        assert torch.equal(y, full[rows]), f"tokens at {t} in a small step"
+
+
+def test_the_kernel_refuses_blocks_outside_the_pool(threads):
+    """A bad block table is an error that names it, not a read outside the pool, on one thread or
+    from inside the parallel region (a long prefill)."""
+    kernel = kernel_or_torch("kernel")
+    cache = KVCache(1, 4, 16, 1, 16)
+    for n in (1, 600):                                           # 600: 2e5 query-key pairs, in parallel
+        q = torch.zeros(n, 1, 16)
+        tables = torch.tensor([[0, 1, 2] + [9] * 61])            # block 9 does not exist
+        with pytest.raises(RuntimeError, match="block 9 is outside the pool"):
+            kernel.paged_attention(q, cache.k[0], cache.v[0], tables, torch.zeros(n, dtype=torch.long),
+                                   torch.arange(n) + 48)
+    with pytest.raises(RuntimeError, match="beyond the block table"):
+        kernel.paged_attention(torch.zeros(1, 1, 16), cache.k[0], cache.v[0], torch.tensor([[0]]),
+                               torch.tensor([0]), torch.tensor([16]))
 
 
 # -- batch invariance through the whole model -----------------------------------------------------

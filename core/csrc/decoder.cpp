@@ -1,16 +1,16 @@
 // The decoder's layers over a paged batch, in C++: the same ATen operations, in the same order
-// and with the same arguments, as core/model.py and core/attention.py, so the same bits. What it
-// removes is Python: a decode step of SmolLM2 is ~1,500 small tensor operations, and through
-// Python each costs a few microseconds more than the operation itself.
+// and with the same arguments, as core/model.py, and the same attention kernel
+// (paged_attention.cpp, which model.py calls too), so the same bits. What it removes is Python: a
+// decode step of SmolLM2 is several hundred small tensor operations, and through Python each
+// costs a few microseconds more than the operation itself.
 //
-// Shapes: T packed tokens, C hidden size, H query heads and Hkv key/value heads of size D,
-// G = H / Hkv, S sequences of a group with Q query rows each, K key slots.
+// Shapes: T packed tokens, C hidden size, H query heads and Hkv key/value heads of size D.
 
 #include <torch/extension.h>
 
+#include "paged_attention.h"
+
 #include <cmath>
-#include <cstring>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -27,27 +27,6 @@ at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
   const int64_t rows = std::max(multiple, ((n + multiple - 1) / multiple) * multiple);
   if (rows == n) return x;
   return at::cat({x, x.new_zeros({rows - n, x.size(1)})});
-}
-
-// The new tokens' keys or values into their pool slots: the floats attention.py's index_copy_
-// moves (a pure copy, so the same bits), one memcpy per token; index_copy_ took ~140 us a layer
-// for 64 tokens here. pool: (blocks * block_size, Hkv, D) slots; src: (T, Hkv, D), rows contiguous.
-void write_slots(const at::Tensor& pool, const at::Tensor& slots, const at::Tensor& src) {
-  if (src.stride(2) != 1 || src.stride(1) != src.size(2)) {
-    pool.view({-1, src.size(1), src.size(2)}).index_copy_(0, slots, src);
-    return;
-  }
-  TORCH_CHECK(pool.is_contiguous() && slots.is_contiguous() && slots.scalar_type() == at::kLong &&
-              src.scalar_type() == at::kFloat && pool.scalar_type() == at::kFloat, "write_slots: bad layout");
-  const int64_t T = src.size(0), row = src.size(1) * src.size(2), stride = src.stride(0);
-  const int64_t num_slots = pool.numel() / row;
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  const float* from = src.data_ptr<float>();
-  float* to = pool.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
-    std::memcpy(to + slot[t] * row, from + t * stride, row * sizeof(float));
-  }
 }
 
 // One linear layer's weight in the engine's format (gemm.PackedLinear) and its product.
@@ -72,13 +51,6 @@ struct Layer {
   Linear qkv, o, gate_up, down;
 };
 
-// What attention.SequenceGroup holds for one step.
-struct Group {
-  at::Tensor flat_blocks, flat_tokens, real_rows, real_tokens, blocked;
-  int64_t mask_from, S, Q;
-  bool in_order;
-};
-
 class Decoder {
  public:
   Decoder(int64_t fmt, at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
@@ -97,18 +69,12 @@ class Decoder {
     }
   }
 
-  // ids, positions: (T,); k_cache, v_cache: (L, blocks, block_size, Hkv, D); slot_mapping: (T,).
-  // groups: tuples (flat_blocks, flat_tokens, real_rows, real_tokens, blocked, mask_from, S, Q,
-  // in_order). -> the final hidden states (T, C), normalized, as Transformer.forward.
+  // ids, positions: (T,); k_cache, v_cache: every layer's pools (kv_cache.py); slot_mapping: (T,);
+  // block_tables: (S, nb); token_seq: (T,) each token's row of block_tables.
+  // -> the final hidden states (T, C), normalized, as Transformer.forward.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
-                     const at::Tensor& v_cache, const at::Tensor& slot_mapping, const py::list& groups_in) {
-    std::vector<Group> groups;
-    for (const auto& item : groups_in) {
-      auto g = item.cast<py::tuple>();
-      groups.push_back(Group{g[0].cast<at::Tensor>(), g[1].cast<at::Tensor>(), g[2].cast<at::Tensor>(),
-                             g[3].cast<at::Tensor>(), g[4].cast<at::Tensor>(), g[5].cast<int64_t>(),
-                             g[6].cast<int64_t>(), g[7].cast<int64_t>(), g[8].cast<bool>()});
-    }
+                     const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                     const at::Tensor& token_seq) {
     py::gil_scoped_release no_gil;  // other Python threads (the web server) run meanwhile
     at::InferenceMode guard;
     at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
@@ -117,7 +83,7 @@ class Decoder {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       x = x + attention(at::rms_norm(x, {x.size(1)}, l.attn_norm, eps_), l, cos, sin, k_cache[i], v_cache[i],
-                        slot_mapping, groups);
+                        slot_mapping, block_tables, token_seq, positions);
       x = x + mlp(at::rms_norm(x, {x.size(1)}, l.mlp_norm, eps_), l);
     }
     return at::rms_norm(x, {x.size(1)}, final_norm_, eps_);
@@ -137,39 +103,16 @@ class Decoder {
 
   at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
-                       const std::vector<Group>& groups) const {
+                       const at::Tensor& block_tables, const at::Tensor& token_seq,
+                       const at::Tensor& positions) const {
     const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
     const at::Tensor qkv = l.qkv(x, fmt_, pad_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)
     const at::Tensor qk = rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos, sin);
     const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
-    write_slots(k_cache, slot_mapping, k);
-    write_slots(v_cache, slot_mapping, v);
-    at::Tensor out;
-    for (const Group& g : groups) {
-      const at::Tensor keys = k_cache.index_select(0, g.flat_blocks).view({g.S, -1, Hkv, D});  // (S, K, Hkv, D)
-      const at::Tensor values = v_cache.index_select(0, g.flat_blocks).view({g.S, -1, Hkv, D});
-      const at::Tensor y = attend(q.index_select(0, g.flat_tokens).view({g.S, g.Q, H, D}), keys, values, g);
-      const at::Tensor rows = y.reshape({g.S * g.Q, H, D}).index_select(0, g.real_rows);   // (R, H, D)
-      if (groups.size() == 1 && g.in_order && rows.size(0) == T) {
-        out = rows;
-        break;
-      }
-      if (!out.defined()) out = at::empty_like(q);
-      out.index_copy_(0, g.real_tokens, rows);
-    }
-    return l.o(out.reshape({T, H * D}), fmt_, pad_);                                 // (T, C)
-  }
-
-  at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const Group& g) const {
-    const int64_t S = q_in.size(0), Q = q_in.size(1), H = H_, Hkv = Hkv_, D = D_, G = H / Hkv;
-    const at::Tensor q = (q_in * (1.0 / std::sqrt(static_cast<double>(D))))
-                             .view({S, Q, Hkv, G, D}).permute({0, 2, 3, 1, 4}).reshape({S, Hkv, G * Q, D});
-    at::Tensor scores = at::matmul(q, k.permute({0, 2, 3, 1}));               // (S, Hkv, G*Q, K)
-    scores.slice(-1, g.mask_from).masked_fill_(g.blocked, -std::numeric_limits<double>::infinity());
-    const at::Tensor probs = at::softmax(scores, -1);
-    const at::Tensor y = at::matmul(probs, v.transpose(1, 2));                 // (S, Hkv, G*Q, D)
-    return y.view({S, Hkv, G, Q, D}).permute({0, 3, 1, 2, 4}).reshape({S, Q, H, D});
+    sendlens::write_kv(k_cache, v_cache, slot_mapping, k, v);
+    const at::Tensor y = sendlens::paged_attention(q, k_cache, v_cache, block_tables, token_seq, positions);
+    return l.o(y.view({T, H * D}), fmt_, pad_);                                       // (T, C)
   }
 
   Format fmt_;
@@ -188,4 +131,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, int64_t, int64_t,
                     int64_t>())
       .def("forward", &Decoder::forward);
+  m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
+  m.def("paged_attention", &sendlens::paged_attention, py::call_guard<py::gil_scoped_release>());
+  m.def("supports_head_dim", &sendlens::supports_head_dim);
 }

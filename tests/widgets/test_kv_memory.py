@@ -37,13 +37,17 @@ def test_kv_pool_is_the_tensors_bytes_over_the_slots(ws, live_server):
     cache = live_server.runtime.engine.cache
     tensors = [cache.k, cache.v]
     nbytes = sum(math.prod(t.shape) * t.element_size() for t in tensors)
-    slots = cache.k.shape[1] * cache.k.shape[2]                   # blocks x slots per block
+    slots = cache.num_blocks * cache.block_size                   # blocks x slots per block
     assert r["kv_bytes"] == nbytes
     assert r["token_slots"] == slots == r["total_blocks"] * r["block_size"]
     assert r["live_pool_bytes_per_token"] == nbytes / slots
     h = ws.hello
     assert r["live_pool_bytes_per_token"] == 2 * h["num_layers"] * h["num_kv_heads"] * h["head_dim"] * r["bytes_per_value"]
     assert r["tensors"]["k"]["shape"] == list(cache.k.shape)
+    for name, tensor in (("k", cache.k), ("v", cache.v)):       # each axis named, in the tensor's order
+        dims = dict(zip(r["tensors"][name]["dims"], tensor.shape))
+        assert dims == {"layers": h["num_layers"], "blocks": r["total_blocks"], "KV heads": h["num_kv_heads"],
+                        "head size": h["head_dim"], "slots per block": r["block_size"]}
 
 
 def test_kv_pool_refuses_fields_it_does_not_take(ws):

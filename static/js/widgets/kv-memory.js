@@ -121,13 +121,13 @@ export function mount(root, ctx) {
     const mine = valuesPerToken({ layers: p.num_layers, kvHeads: p.num_kv_heads, head: p.head_dim }) * p.bytes_per_value;
     livePool.set(p.live_pool_bytes_per_token, `${fmtNum(p.live_pool_bytes_per_token)} B`);
     calcLive.set(mine, `${fmtNum(mine)} B`);
-    const shape = (t) => `[${t.shape.join(", ")}]`;
+    const shape = (t) => `[${t.shape.join(", ")}] (${t.dims.join(", ")})`;
     const names = Object.entries(p.tensors).map(([k, t]) => `${k.toUpperCase()} ${shape(t)} ${t.dtype}`).join(" and ");
     liveCheck.textContent = mine === p.live_pool_bytes_per_token
       ? `✓ The calculator at ${p.dtype} (${p.num_layers} layers × ${p.num_kv_heads} KV heads × ${p.head_dim}) gives what the pool holds.`
       : `✗ The calculator gives ${fmtNum(mine)} B, the pool ${fmtNum(p.live_pool_bytes_per_token)} B per token.`;
     liveCheck.classList.toggle("is-ok", mine === p.live_pool_bytes_per_token);
-    liveNote.textContent = `This server's engine keeps ${names} (layers, blocks, slots per block, KV heads, head size): `
+    liveNote.textContent = `This server's engine keeps ${names}: `
       + `${fmtNum(p.kv_bytes)} bytes for ${fmtNum(p.total_blocks)} blocks × ${p.block_size} = ${fmtNum(p.token_slots)} token slots. `
       + `It stores ${p.dtype}, like its weights, so each token costs ${p.bytes_per_value / 2}× the bf16 figure.`;
   }

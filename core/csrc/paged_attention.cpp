@@ -1,0 +1,400 @@
+// Paged attention (Kwon et al., 2023) that is batch-invariant by construction.
+//
+// Each query row (one token, one head) is computed by one fixed sequence of float operations that
+// depends only on its own query and on its sequence's keys and values 0..position, read in place
+// through the block table:
+//
+//   score_j = (q / sqrt(D)) . k_j   one multiply-add chain over d = 0..D-1; 16 keys at once
+//   m       = max_j score_j         exact in any order
+//   e_j     = exp(score_j - m)      one polynomial (Cephes' expf), the same in every lane
+//   sum     = sum_j e_j             lane j % 16 adds its keys in order, then a fixed tree
+//   y       = (sum_j e_j v_j) / sum  key by key in order, 16 dimensions per vector
+//
+// Nothing in it depends on the other rows: not on how many queries of the sequence are computed
+// in this step (chunked prefill), which other sequences share the step (batching), the threads, or
+// where the row falls in a tile. So a request gives the same bits alone, batched or chunked without
+// padding queries or keys (the torch path in attention.py needs both). Rows are tiled (a few tokens
+// of one sequence and one KV head) only so that a key tile, once in cache, serves many rows.
+
+#include "paged_attention.h"
+
+#include <ATen/Parallel.h>
+
+#include <exception>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace sendlens {
+namespace {
+
+constexpr int64_t LANES = 16;      // keys scored at once; dimensions of a value per vector
+constexpr int64_t TILE_TOKENS = 8;  // query tokens of one sequence per work item
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+#ifdef __AVX512F__
+struct Vec {
+  __m512 v;
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+};
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vec round(Vec a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline Vec scale2(Vec a, Vec n) { return {_mm512_scalef_ps(a.v, n.v)}; }  // a * 2^n
+inline Vec first(Vec a, int64_t n, float fill) {  // lanes n.. set to fill
+  const __mmask16 keep = n >= LANES ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.v)};
+}
+inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
+inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
+#else
+struct Vec {  // the same arithmetic, lane by lane, where AVX-512 is not available
+  float f[LANES];
+  static Vec load(const float* p) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = p[i]; return r; }
+  static Vec set1(float x) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = x; return r; }
+  void store(float* p) const { for (int i = 0; i < LANES; ++i) p[i] = f[i]; }
+};
+#define SENDLENS_LANEWISE(expr) Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = (expr); return r;
+inline Vec fma(Vec a, Vec b, Vec c) { SENDLENS_LANEWISE(std::fma(a.f[i], b.f[i], c.f[i])) }
+inline Vec operator+(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] + b.f[i]) }
+inline Vec operator-(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] - b.f[i]) }
+inline Vec operator*(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] * b.f[i]) }
+inline Vec operator/(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] / b.f[i]) }
+inline Vec max(Vec a, Vec b) { SENDLENS_LANEWISE(std::max(a.f[i], b.f[i])) }
+inline Vec round(Vec a) { SENDLENS_LANEWISE(std::nearbyint(a.f[i])) }
+inline Vec scale2(Vec a, Vec n) { SENDLENS_LANEWISE(std::ldexp(a.f[i], static_cast<int>(n.f[i]))) }
+inline Vec first(Vec a, int64_t n, float fill) { SENDLENS_LANEWISE(i < n ? a.f[i] : fill) }
+#undef SENDLENS_LANEWISE
+inline float reduce_max(Vec a) { float m = a.f[0]; for (int i = 1; i < LANES; ++i) m = std::max(m, a.f[i]); return m; }
+inline float reduce_add(Vec a) {  // a fixed tree, halves first
+  for (int w = LANES / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a.f[i] += a.f[i + w];
+  return a.f[0];
+}
+#endif
+
+// e^x for x <= 0 (Cephes' expf: x = n ln2 + r, e^r by a degree-5 polynomial, times 2^n).
+inline Vec exp_nonpositive(Vec x) {
+  x = max(x, Vec::set1(-87.3365f));
+  const Vec n = round(x * Vec::set1(1.44269504088896341f));
+  x = fma(n, Vec::set1(-0.693359375f), x);
+  x = fma(n, Vec::set1(2.12194440e-4f), x);
+  Vec p = Vec::set1(1.9875691500e-4f);
+  p = fma(p, x, Vec::set1(1.3981999507e-3f));
+  p = fma(p, x, Vec::set1(8.3334519073e-3f));
+  p = fma(p, x, Vec::set1(4.1665795894e-2f));
+  p = fma(p, x, Vec::set1(1.6666665459e-1f));
+  p = fma(p, x, Vec::set1(5.0000001201e-1f));
+  const Vec y = fma(p, x * x, x) + Vec::set1(1.0f);
+  return scale2(y, n);
+}
+
+struct Pools {
+  const float* k;              // (blocks, Hkv, D, BS)
+  const float* v;              // (blocks, Hkv, BS, D)
+  const int64_t* tables;       // (S, nb)
+  int64_t num_blocks, nb, BS, Hkv;
+
+  int64_t block(int64_t seq, int64_t index) const {
+    TORCH_CHECK(index < nb, "a key's block ", index, " is beyond the block table (", nb, " blocks)");
+    const int64_t id = tables[seq * nb + index];
+    TORCH_CHECK(id >= 0 && id < num_blocks, "block ", id, " is outside the pool");
+    return id;
+  }
+};
+
+// Scores of MR rows against one tile of 16 keys: one multiply-add chain per row over d = 0..D-1
+// (the tile's vector for d, times the row's q[d]), MR chains in flight so that none waits.
+template <int MR>
+inline void score_tile(const float* qs, int64_t D, const float* tile, int64_t ld, float* scores, int64_t width,
+                       const int64_t* keys, int64_t first_key) {
+  Vec acc[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i] = Vec::set1(0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    const Vec kd = Vec::load(tile + d * ld);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i] = fma(Vec::set1(qs[i * D + d]), kd, acc[i]);
+  }
+  for (int i = 0; i < MR; ++i)
+    if (keys[i] > first_key) first(acc[i], keys[i] - first_key, NEG_INF).store(scores + i * width + first_key);
+}
+
+template <int MR>
+void score_rows(int64_t rows, const float* qs, int64_t D, const float* tile, int64_t ld, float* scores,
+                int64_t width, const int64_t* keys, int64_t first_key) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return score_rows<MR - 1>(rows, qs, D, tile, ld, scores, width, keys, first_key);
+  }
+  score_tile<MR>(qs, D, tile, ld, scores, width, keys, first_key);
+}
+
+// acc_i += e_ij v_j for NR rows i and keys j in [from, to), key by key in order. acc: (NR, D),
+// loaded and stored here, so that it stays in registers in between.
+template <int64_t ND, int NR>
+inline void weigh_range(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
+                        int64_t from, int64_t to, float* acc_rows) {
+  constexpr int64_t D = LANES * ND;
+  const int64_t BS = pool.BS;
+  Vec acc[NR][ND];
+#pragma GCC unroll 16
+  for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < ND; ++c) acc[i][c] = Vec::load(acc_rows + i * D + c * LANES);
+  for (int64_t j = from; j < to;) {
+    const int64_t b = j / BS, end = std::min(to, (b + 1) * BS);
+    const float* vj = pool.v + ((pool.block(seq, b) * pool.Hkv + h) * BS + j - b * BS) * D;
+    for (; j < end; ++j, vj += D) {
+      Vec v[ND];
+#pragma GCC unroll 16
+      for (int64_t c = 0; c < ND; ++c) v[c] = Vec::load(vj + c * LANES);
+#pragma GCC unroll 16
+      for (int i = 0; i < NR; ++i) {
+        const Vec w = Vec::set1(e[i * width + j]);
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < ND; ++c) acc[i][c] = fma(w, v[c], acc[i][c]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < ND; ++c) acc[i][c].store(acc_rows + i * D + c * LANES);
+}
+
+// The keys [from, to) for NR rows: together while every row reads them, then each row its own last ones.
+template <int64_t ND, int NR>
+void weigh_block(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width, const int64_t* keys,
+                 int64_t from, int64_t to, float* acc_rows) {
+  int64_t fewest = keys[0];
+  for (int i = 1; i < NR; ++i) fewest = std::min(fewest, keys[i]);
+  if (std::min(to, fewest) > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, std::min(to, fewest), acc_rows);
+  for (int i = 0; i < NR; ++i) {
+    const int64_t a = std::max(from, fewest), b = std::min(to, keys[i]);
+    if (b > a) weigh_range<ND, 1>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND);
+  }
+}
+
+template <int64_t ND>
+void weigh_rows(int64_t rows, const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
+                const int64_t* keys, int64_t from, int64_t to, float* acc_rows) {
+  switch (rows) {
+    case 1: return weigh_block<ND, 1>(pool, seq, h, e, width, keys, from, to, acc_rows);
+    case 2: return weigh_block<ND, 2>(pool, seq, h, e, width, keys, from, to, acc_rows);
+    case 3: return weigh_block<ND, 3>(pool, seq, h, e, width, keys, from, to, acc_rows);
+    case 4: return weigh_block<ND, 4>(pool, seq, h, e, width, keys, from, to, acc_rows);
+    case 5: return weigh_block<ND, 5>(pool, seq, h, e, width, keys, from, to, acc_rows);
+    default: return weigh_block<ND, 6>(pool, seq, h, e, width, keys, from, to, acc_rows);
+  }
+}
+
+// One work item: query tokens [t0, t1) of sequence `seq`, all G query heads of KV head `h`.
+template <int64_t ND>  // D = 16 * ND
+void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, float* out, int64_t H, int64_t G,
+                 int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
+                 std::vector<float>& scratch) {
+  constexpr int64_t D = LANES * ND;
+  constexpr int MR = 8;  // rows scored together
+  constexpr int NR = 6;  // rows weighing values together
+  constexpr int64_t KEY_BLOCK = 128;
+  const int64_t R = (t1 - t0) * G;  // rows (token i, head g) = i * G + g
+  int64_t max_keys = 0;
+  for (int64_t t = t0; t < t1; ++t) max_keys = std::max(max_keys, positions[t] + 1);
+  const int64_t tiles = (max_keys + LANES - 1) / LANES, width = tiles * LANES;
+  scratch.resize(R * (width + 2 * D + 1) + D * LANES);
+  float* scores = scratch.data();            // (R, width): scores, then exp(score - max)
+  float* qs = scores + R * width;            // (R, D): queries times 1/sqrt(D)
+  float* ktile = qs + R * D;                 // (D, 16): a key tile gathered when BS % 16 != 0
+  float* sums = ktile + D * LANES;           // (R,) softmax denominators
+  std::vector<int64_t> keys(R);              // (R,) how many keys each row reads
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r / G, head = h * G + r % G;
+    keys[r] = positions[t] + 1;
+    const float* src = q + t * q_token_stride + head * D;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * scale;
+  }
+  const int64_t BS = pool.BS;
+  // Scores, a tile of 16 keys at a time, for every row that reads into it.
+  for (int64_t kt = 0; kt < tiles; ++kt) {
+    const int64_t first_key = kt * LANES;
+    const float* tile;
+    int64_t ld;
+    if (BS % LANES == 0) {
+      const int64_t id = pool.block(seq, first_key / BS);
+      tile = pool.k + ((id * pool.Hkv + h) * D) * BS + first_key % BS;
+      ld = BS;
+    } else {
+      for (int64_t i = 0; i < LANES; ++i) {
+        const int64_t key = first_key + i;
+        if (key >= max_keys) {
+          for (int64_t d = 0; d < D; ++d) ktile[d * LANES + i] = 0.0f;
+          continue;
+        }
+        const float* src = pool.k + ((pool.block(seq, key / BS) * pool.Hkv + h) * D) * BS + key % BS;
+        for (int64_t d = 0; d < D; ++d) ktile[d * LANES + i] = src[d * BS];
+      }
+      tile = ktile;
+      ld = LANES;
+    }
+    int64_t r0 = 0;
+    while (r0 < R && keys[r0] <= first_key) ++r0;  // rows are in token order: earlier ones end first
+    for (; r0 < R; r0 += MR)
+      score_rows<MR>(std::min<int64_t>(MR, R - r0), qs + r0 * D, D, tile, ld, scores + r0 * width, width,
+                     keys.data() + r0, first_key);
+  }
+  // Softmax's numerator in place, and its denominator.
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = scores + r * width;
+    const int64_t n = keys[r], row_tiles = (n + LANES - 1) / LANES;
+    Vec m = Vec::load(row);
+    for (int64_t kt = 1; kt < row_tiles; ++kt) m = max(m, Vec::load(row + kt * LANES));
+    const Vec top = Vec::set1(reduce_max(m));
+    Vec sum = Vec::set1(0.0f);
+    for (int64_t kt = 0; kt < row_tiles; ++kt) {
+      const Vec e = first(exp_nonpositive(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
+      e.store(row + kt * LANES);
+      sum = sum + e;
+    }
+    sums[r] = reduce_add(sum);
+  }
+  // The values, weighted, key by key: KEY_BLOCK keys at a time (they stay in cache) for every
+  // group of up to NR rows (they share each value vector's load).
+  float* acc = sums + R;                     // (R, D): sum_j e_j v_j
+  std::fill(acc, acc + R * D, 0.0f);
+  for (int64_t from = 0; from < max_keys; from += KEY_BLOCK) {
+    int64_t r0 = 0;
+    while (r0 < R && keys[r0] <= from) ++r0;
+    for (; r0 < R; r0 += NR)
+      weigh_rows<ND>(std::min<int64_t>(NR, R - r0), pool, seq, h, scores + r0 * width, width, keys.data() + r0,
+                     from, from + KEY_BLOCK, acc + r0 * D);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r / G, head = h * G + r % G;
+    const Vec denom = Vec::set1(sums[r]);
+    for (int64_t c = 0; c < ND; ++c)
+      (Vec::load(acc + r * D + c * LANES) / denom).store(out + (t * H + head) * D + c * LANES);
+  }
+}
+
+using TileFn = decltype(&attend_tile<1>);
+
+TileFn tile_function(int64_t D) {
+  switch (D) {
+    case 16: return &attend_tile<1>;
+    case 32: return &attend_tile<2>;
+    case 48: return &attend_tile<3>;
+    case 64: return &attend_tile<4>;
+    case 80: return &attend_tile<5>;
+    case 96: return &attend_tile<6>;
+    case 128: return &attend_tile<8>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+bool supports_head_dim(int64_t D) { return tile_function(D) != nullptr; }
+
+void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots, const at::Tensor& k,
+              const at::Tensor& v) {
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.scalar_type() == at::kFloat &&
+              v_pool.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "write_kv: float pools and inputs");
+  TORCH_CHECK(slots.is_contiguous() && slots.scalar_type() == at::kLong && slots.size(0) == k.size(0),
+              "write_kv: one int64 slot per token");
+  const int64_t T = k.size(0), Hkv = k.size(1), D = k.size(2), BS = k_pool.size(3);
+  const int64_t num_slots = k_pool.size(0) * BS;
+  const auto ka = k.accessor<float, 3>();
+  const auto va = v.accessor<float, 3>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  float* kp = k_pool.data_ptr<float>();
+  float* vp = v_pool.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
+    const int64_t b = slot[t] / BS, off = slot[t] % BS;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      float* kd = kp + ((b * Hkv + h) * D) * BS + off;
+      float* vd = vp + ((b * Hkv + h) * BS + off) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        kd[d * BS] = ka[t][h][d];
+        vd[d] = va[t][h][d];
+      }
+    }
+  }
+}
+
+at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                           const at::Tensor& block_tables, const at::Tensor& token_seq,
+                           const at::Tensor& positions) {
+  const at::Tensor q = q_in.stride(2) == 1 && q_in.stride(1) == q_in.size(2) ? q_in : q_in.contiguous();
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t Hkv = k_pool.size(1), BS = k_pool.size(3);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+              k_pool.size(2) == D && v_pool.size(2) == BS && v_pool.size(3) == D && H % Hkv == 0,
+              "paged_attention: q (T, H, D), keys (blocks, Hkv, D, BS), values (blocks, Hkv, BS, D)");
+  TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong &&
+              token_seq.is_contiguous() && token_seq.scalar_type() == at::kLong && token_seq.size(0) == T &&
+              positions.is_contiguous() && positions.scalar_type() == at::kLong && positions.size(0) == T,
+              "paged_attention: int64 block tables (S, nb), token_seq and positions (T,)");
+  const TileFn fn = tile_function(D);
+  TORCH_CHECK(fn != nullptr, "paged_attention: head size ", D, " is not supported");
+  const Pools pool{k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), block_tables.data_ptr<int64_t>(),
+                   k_pool.size(0), block_tables.size(1), BS, Hkv};
+  const int64_t S = block_tables.size(0);
+  const int64_t* seq_of = token_seq.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  // Work items: runs of up to TILE_TOKENS consecutive tokens of one sequence, times KV heads.
+  std::vector<int64_t> starts;
+  int64_t work = 0;
+  for (int64_t t = 0; t < T;) {
+    TORCH_CHECK(seq_of[t] >= 0 && seq_of[t] < S, "token ", t, " names sequence ", seq_of[t], " of ", S);
+    TORCH_CHECK(pos[t] >= 0, "token ", t, " has position ", pos[t]);
+    starts.push_back(t);
+    int64_t end = t + 1;
+    while (end < T && end - t < TILE_TOKENS && seq_of[end] == seq_of[t]) ++end;
+    for (int64_t i = t; i < end; ++i) work += pos[i] + 1;
+    t = end;
+  }
+  starts.push_back(T);
+  at::Tensor out = at::empty({T, H, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t tiles = static_cast<int64_t>(starts.size()) - 1, items = tiles * Hkv, G = H / Hkv;
+  // Items run heaviest first (the last tokens of a chunk read the most keys), taken one at a
+  // time by whichever thread is free. A decode step of one request is a few microseconds of
+  // work: not worth waking a second thread. Which thread computes a row never changes its bits.
+  const int threads = work * H < 65536 ? 1 : at::get_num_threads();
+  std::exception_ptr failure;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; ++i) {
+      const int64_t item = items - 1 - i, tile = item / Hkv, h = item % Hkv;
+      const int64_t t0 = starts[tile], t1 = starts[tile + 1];
+      try {
+        fn(pool, qp, q.stride(0), op, H, G, seq_of[t0], h, t0, t1, pos, scratch);
+      } catch (...) {
+#pragma omp critical
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  return out;
+}
+
+}  // namespace sendlens

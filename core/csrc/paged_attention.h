@@ -1,0 +1,25 @@
+// Paged attention over the KV pool, one query row at a time by construction (paged_attention.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace sendlens {
+
+// The pool's layout, per layer (kv_cache.py): keys (blocks, Hkv, D, block_size), each block's keys
+// transposed so that dimension d of 16 keys is one vector; values (blocks, Hkv, block_size, D).
+
+// The new tokens' keys and values into their slots. k_pool, v_pool: one layer's pools;
+// slots: (T,) int64 pool slots; k, v: (T, Hkv, D), any strides.
+void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots,
+              const at::Tensor& k, const at::Tensor& v);
+
+// softmax(q k^T / sqrt(D)) v for each packed query token over the keys 0..position of its sequence.
+// q: (T, H, D); block_tables: (S, nb) int64; token_seq, positions: (T,) int64 -> (T, H, D).
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                           const at::Tensor& block_tables, const at::Tensor& token_seq,
+                           const at::Tensor& positions);
+
+// Whether the kernel handles this head size (a multiple of 16, at most 128).
+bool supports_head_dim(int64_t D);
+
+}  // namespace sendlens
