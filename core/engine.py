@@ -24,7 +24,7 @@ from .errors import ContextLengthExceeded, InvalidParameter, is_int
 from .kv_cache import BYTES_PER_VALUE, KVCache
 from .model import Transformer
 from .model_runner import ModelRunner
-from .native import native_decoder
+from .native import kernels, native_decoder
 from .outputs import RequestOutput, StepRecord
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -61,6 +61,7 @@ class LLMEngine:
         else:
             self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
                                                      config.lm_head_candidates)
+            self.model.use_kernels(kernels(mc))                  # None where it cannot be built: torch's
             if config.native:
                 self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
             # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).

@@ -49,15 +49,19 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (Zhang & Sennrich, 2019): LayerNorm without the mean (torch's fused
-    kernel: one pass, each row on its own)."""
+    """x / rms(x) * weight (Zhang & Sennrich, 2019): LayerNorm without the mean, each row on its
+    own: torch's rms_norm, or the engine's kernel (csrc/rms_norm.cpp, one pass) once
+    Transformer.use_kernels has set it."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.kernel = None
 
     def forward(self, x):  # (T, C)
+        if self.kernel is not None:
+            return self.kernel.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
@@ -175,6 +179,13 @@ class Transformer(nn.Module):
             self.lm_head = (emb.to(torch.bfloat16),)
         else:
             self.lm_head = q8_0_as_two_q4(emb)
+
+    def use_kernels(self, ext) -> None:
+        """Normalize with the engine's RMSNorm kernel (native.kernels(); None: torch's), as the
+        C++ decoder does, so that the Python forward gives its bits."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.kernel = ext
 
     def reference(self) -> "Transformer":
         """The same model multiplying in fp32: a second set of modules over the same fp32 weight

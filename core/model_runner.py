@@ -43,7 +43,7 @@ class ModelRunner:
         self.block_size = cache.block_size
         cfg = model.config
         self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
-        self.kernel = native.attention_kernel(cfg.head_dim)  # None: attention.py's torch path
+        self.kernel = native.kernels(cfg)  # None: attention.py's torch path
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
         """Plain Python and numpy over the scheduled sequences, then one tensor per field: the

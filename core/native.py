@@ -12,7 +12,7 @@ operation, and a test holds it to the Python one bit for bit in every weight for
 It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute),
 for this machine's CPU (-march=native: the attention kernel is written for AVX-512, with a
 lane-by-lane fallback) and cached under torch's extensions directory. A model with experts runs
-model.py's Python with the attention kernel. Where the extension cannot be built, the engine runs
+model.py's Python with the kernels. Where the extension cannot be built, the engine runs
 model.py's Python with attention.py's torch path (batch-invariant too, slower; it rounds
 differently) and says so once in the log.
 """
@@ -29,7 +29,7 @@ from .config import WeightFormat
 from .gemm import BF16_MIN_ROWS, MIN_GEMM_ROWS, Q4_GROUP
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decoder.cpp", "paged_attention.cpp")]
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
 
 
@@ -51,10 +51,13 @@ def extension():
         return None
 
 
-def attention_kernel(head_dim: int):
-    """The extension, for paged_attention, where it is built and handles this head size; else None."""
+def kernels(cfg):
+    """The extension, for its attention and RMSNorm kernels, where it is built and handles the
+    model's shapes (a head size it has a kernel for, a hidden size a multiple of 16); else None."""
     ext = extension()
-    return ext if ext is not None and ext.supports_head_dim(head_dim) else None
+    if ext is None or not ext.supports_head_dim(cfg.head_dim) or cfg.hidden_size % 16:
+        return None
+    return ext
 
 
 class NativeDecoder:
@@ -84,5 +87,5 @@ def native_decoder(model) -> NativeDecoder | None:
     """The C++ decoder for `model`, or None where it cannot run (no build here, or experts)."""
     if model.config.num_experts:
         return None
-    ext = attention_kernel(model.config.head_dim)
+    ext = kernels(model.config)
     return NativeDecoder(model, ext) if ext is not None else None

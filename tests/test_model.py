@@ -32,6 +32,33 @@ def test_rmsnorm_is_x_over_rms_times_weight():
     assert torch.allclose(norm(x), torch.nn.functional.rms_norm(x, (8,), norm.weight, eps=1e-5), atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 63, 64, 200])   # 64 and more: rows split across threads
+def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
+    """The engine's kernel (csrc/rms_norm.cpp), once use_kernels sets it: the same definition to
+    float rounding, and each row's bits independent of the others."""
+    from core import native
+    g = torch.Generator().manual_seed(1)
+    norm = RMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576, generator=g))
+    x = torch.randn(rows, 576, generator=g) * 3
+    expected = torch.nn.functional.rms_norm(x, (576,), norm.weight, eps=1e-5)
+    norm.kernel = native.extension()
+    y = norm(x)
+    assert torch.allclose(y, expected, rtol=1e-5, atol=1e-6)
+    for r in {0, rows // 2, rows - 1}:
+        assert torch.equal(norm(x[r:r + 1])[0], y[r])
+
+
+def test_use_kernels_sets_every_norm(tiny_loaded):
+    from core import native
+    model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert len(norms) == 2 * tiny_loaded.config.num_layers + 1 and all(m.kernel is None for m in norms)
+    model.use_kernels(native.kernels(tiny_loaded.config))
+    assert all(m.kernel is native.extension() for m in norms)
+
+
 def test_rotary_rotates_pairs_of_half_dimensions():
     D, theta = 8, 10000.0
     rot = Rotary(D, theta, max_positions=64)

@@ -1,6 +1,6 @@
 // The decoder's layers over a paged batch, in C++: the same ATen operations, in the same order
-// and with the same arguments, as core/model.py, and the same attention kernel
-// (paged_attention.cpp, which model.py calls too), so the same bits. What it removes is Python: a
+// and with the same arguments, as core/model.py, and the same kernels (kernels.h: attention and
+// RMSNorm, which model.py calls too), so the same bits. What it removes is Python: a
 // decode step of SmolLM2 is several hundred small tensor operations, and through Python each
 // costs a few microseconds more than the operation itself.
 //
@@ -8,7 +8,7 @@
 
 #include <torch/extension.h>
 
-#include "paged_attention.h"
+#include "kernels.h"
 
 #include <cmath>
 #include <vector>
@@ -82,11 +82,11 @@ class Decoder {
     const at::Tensor sin = sin_.index({positions}).unsqueeze(1);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
-      x = x + attention(at::rms_norm(x, {x.size(1)}, l.attn_norm, eps_), l, cos, sin, k_cache[i], v_cache[i],
+      x = x + attention(sendlens::rms_norm(x, l.attn_norm, eps_), l, cos, sin, k_cache[i], v_cache[i],
                         slot_mapping, block_tables, token_seq, positions);
-      x = x + mlp(at::rms_norm(x, {x.size(1)}, l.mlp_norm, eps_), l);
+      x = x + mlp(sendlens::rms_norm(x, l.mlp_norm, eps_), l);
     }
-    return at::rms_norm(x, {x.size(1)}, final_norm_, eps_);
+    return sendlens::rms_norm(x, final_norm_, eps_);
   }
 
  private:
@@ -134,4 +134,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention", &sendlens::paged_attention, py::call_guard<py::gil_scoped_release>());
   m.def("supports_head_dim", &sendlens::supports_head_dim);
+  m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
 }

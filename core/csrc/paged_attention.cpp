@@ -16,7 +16,8 @@
 // padding queries or keys (the torch path in attention.py needs both). Rows are tiled (a few tokens
 // of one sequence and one KV head) only so that a key tile, once in cache, serves many rows.
 
-#include "paged_attention.h"
+#include "kernels.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 
@@ -27,63 +28,12 @@
 #include <limits>
 #include <vector>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 namespace sendlens {
 namespace {
 
-constexpr int64_t LANES = 16;      // keys scored at once; dimensions of a value per vector
 constexpr int64_t TILE_TOKENS = 8;  // query tokens of one sequence per work item
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-
-#ifdef __AVX512F__
-struct Vec {
-  __m512 v;
-  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-};
-inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
-inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
-inline Vec round(Vec a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
-inline Vec scale2(Vec a, Vec n) { return {_mm512_scalef_ps(a.v, n.v)}; }  // a * 2^n
-inline Vec first(Vec a, int64_t n, float fill) {  // lanes n.. set to fill
-  const __mmask16 keep = n >= LANES ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
-  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.v)};
-}
-inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
-inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
-#else
-struct Vec {  // the same arithmetic, lane by lane, where AVX-512 is not available
-  float f[LANES];
-  static Vec load(const float* p) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = p[i]; return r; }
-  static Vec set1(float x) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = x; return r; }
-  void store(float* p) const { for (int i = 0; i < LANES; ++i) p[i] = f[i]; }
-};
-#define SENDLENS_LANEWISE(expr) Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = (expr); return r;
-inline Vec fma(Vec a, Vec b, Vec c) { SENDLENS_LANEWISE(std::fma(a.f[i], b.f[i], c.f[i])) }
-inline Vec operator+(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] + b.f[i]) }
-inline Vec operator-(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] - b.f[i]) }
-inline Vec operator*(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] * b.f[i]) }
-inline Vec operator/(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] / b.f[i]) }
-inline Vec max(Vec a, Vec b) { SENDLENS_LANEWISE(std::max(a.f[i], b.f[i])) }
-inline Vec round(Vec a) { SENDLENS_LANEWISE(std::nearbyint(a.f[i])) }
-inline Vec scale2(Vec a, Vec n) { SENDLENS_LANEWISE(std::ldexp(a.f[i], static_cast<int>(n.f[i]))) }
-inline Vec first(Vec a, int64_t n, float fill) { SENDLENS_LANEWISE(i < n ? a.f[i] : fill) }
-#undef SENDLENS_LANEWISE
-inline float reduce_max(Vec a) { float m = a.f[0]; for (int i = 1; i < LANES; ++i) m = std::max(m, a.f[i]); return m; }
-inline float reduce_add(Vec a) {  // a fixed tree, halves first
-  for (int w = LANES / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a.f[i] += a.f[i + w];
-  return a.f[0];
-}
-#endif
 
 // e^x for x <= 0 (Cephes' expf: x = n ln2 + r, e^r by a degree-5 polynomial, times 2^n).
 inline Vec exp_nonpositive(Vec x) {
@@ -99,6 +49,12 @@ inline Vec exp_nonpositive(Vec x) {
   p = fma(p, x, Vec::set1(5.0000001201e-1f));
   const Vec y = fma(p, x * x, x) + Vec::set1(1.0f);
   return scale2(y, n);
+}
+
+// Ask for n floats from p to be brought into cache (a block's keys or values: 4 KB in SmolLM2),
+// so that reading them overlaps the arithmetic on the block before.
+inline void prefetch(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64 / sizeof(float)) __builtin_prefetch(p + i);
 }
 
 struct Pools {
@@ -145,7 +101,7 @@ void score_rows(int64_t rows, const float* qs, int64_t D, const float* tile, int
 // loaded and stored here, so that it stays in registers in between.
 template <int64_t ND, int NR>
 inline void weigh_range(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
-                        int64_t from, int64_t to, float* acc_rows) {
+                        int64_t from, int64_t to, float* acc_rows, bool stream) {
   constexpr int64_t D = LANES * ND;
   const int64_t BS = pool.BS;
   Vec acc[NR][ND];
@@ -156,6 +112,7 @@ inline void weigh_range(const Pools& pool, int64_t seq, int64_t h, const float* 
   for (int64_t j = from; j < to;) {
     const int64_t b = j / BS, end = std::min(to, (b + 1) * BS);
     const float* vj = pool.v + ((pool.block(seq, b) * pool.Hkv + h) * BS + j - b * BS) * D;
+    if (stream && end < to) prefetch(pool.v + ((pool.block(seq, b + 1) * pool.Hkv + h) * BS) * D, BS * D);
     for (; j < end; ++j, vj += D) {
       Vec v[ND];
 #pragma GCC unroll 16
@@ -177,26 +134,26 @@ inline void weigh_range(const Pools& pool, int64_t seq, int64_t h, const float* 
 // The keys [from, to) for NR rows: together while every row reads them, then each row its own last ones.
 template <int64_t ND, int NR>
 void weigh_block(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width, const int64_t* keys,
-                 int64_t from, int64_t to, float* acc_rows) {
+                 int64_t from, int64_t to, float* acc_rows, bool stream) {
   int64_t fewest = keys[0];
   for (int i = 1; i < NR; ++i) fewest = std::min(fewest, keys[i]);
-  if (std::min(to, fewest) > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, std::min(to, fewest), acc_rows);
+  if (std::min(to, fewest) > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, std::min(to, fewest), acc_rows, stream);
   for (int i = 0; i < NR; ++i) {
     const int64_t a = std::max(from, fewest), b = std::min(to, keys[i]);
-    if (b > a) weigh_range<ND, 1>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND);
+    if (b > a) weigh_range<ND, 1>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND, stream);
   }
 }
 
 template <int64_t ND>
 void weigh_rows(int64_t rows, const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
-                const int64_t* keys, int64_t from, int64_t to, float* acc_rows) {
+                const int64_t* keys, int64_t from, int64_t to, float* acc_rows, bool stream) {
   switch (rows) {
-    case 1: return weigh_block<ND, 1>(pool, seq, h, e, width, keys, from, to, acc_rows);
-    case 2: return weigh_block<ND, 2>(pool, seq, h, e, width, keys, from, to, acc_rows);
-    case 3: return weigh_block<ND, 3>(pool, seq, h, e, width, keys, from, to, acc_rows);
-    case 4: return weigh_block<ND, 4>(pool, seq, h, e, width, keys, from, to, acc_rows);
-    case 5: return weigh_block<ND, 5>(pool, seq, h, e, width, keys, from, to, acc_rows);
-    default: return weigh_block<ND, 6>(pool, seq, h, e, width, keys, from, to, acc_rows);
+    case 1: return weigh_block<ND, 1>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
+    case 2: return weigh_block<ND, 2>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
+    case 3: return weigh_block<ND, 3>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
+    case 4: return weigh_block<ND, 4>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
+    case 5: return weigh_block<ND, 5>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
+    default: return weigh_block<ND, 6>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
   }
 }
 
@@ -210,6 +167,9 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
   constexpr int NR = 6;  // rows weighing values together
   constexpr int64_t KEY_BLOCK = 128;
   const int64_t R = (t1 - t0) * G;  // rows (token i, head g) = i * G + g
+  // A few rows (a decode) read each block once, from memory: ask for the next one ahead. Many
+  // rows read it again from cache, where asking would only cost instructions.
+  const bool stream = R <= MR;
   int64_t max_keys = 0;
   for (int64_t t = t0; t < t1; ++t) max_keys = std::max(max_keys, positions[t] + 1);
   const int64_t tiles = (max_keys + LANES - 1) / LANES, width = tiles * LANES;
@@ -249,6 +209,8 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
       tile = ktile;
       ld = LANES;
     }
+    if (stream && BS % LANES == 0 && kt + 1 < tiles && (first_key + LANES) % BS == 0)  // the next block's keys
+      prefetch(pool.k + ((pool.block(seq, (first_key + LANES) / BS) * pool.Hkv + h) * D) * BS, D * BS);
     int64_t r0 = 0;
     while (r0 < R && keys[r0] <= first_key) ++r0;  // rows are in token order: earlier ones end first
     for (; r0 < R; r0 += MR)
@@ -279,7 +241,7 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
     while (r0 < R && keys[r0] <= from) ++r0;
     for (; r0 < R; r0 += NR)
       weigh_rows<ND>(std::min<int64_t>(NR, R - r0), pool, seq, h, scores + r0 * width, width, keys.data() + r0,
-                     from, from + KEY_BLOCK, acc + r0 * D);
+                     from, from + KEY_BLOCK, acc + r0 * D, stream);
   }
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = t0 + r / G, head = h * G + r % G;

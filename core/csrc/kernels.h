@@ -1,4 +1,5 @@
-// Paged attention over the KV pool, one query row at a time by construction (paged_attention.cpp).
+// The engine's own kernels: paged attention (paged_attention.cpp) and RMSNorm (rms_norm.cpp), each
+// computing every row on its own by construction, so that no result depends on the batch.
 #pragma once
 
 #include <torch/extension.h>
@@ -21,5 +22,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
 
 // Whether the kernel handles this head size (a multiple of 16, at most 128).
 bool supports_head_dim(int64_t D);
+
+// x / sqrt(mean(x^2) + eps) * weight for each row of x: (T, C) float, C a multiple of 16.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 }  // namespace sendlens

@@ -1,0 +1,64 @@
+// Sixteen floats and the operations the kernels use: AVX-512 where the compiler targets it
+// (native.py builds with -march=native), else the same arithmetic lane by lane.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace sendlens {
+
+constexpr int64_t LANES = 16;
+
+#ifdef __AVX512F__
+struct Vec {
+  __m512 v;
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+};
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vec round(Vec a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline Vec scale2(Vec a, Vec n) { return {_mm512_scalef_ps(a.v, n.v)}; }  // a * 2^n
+inline Vec first(Vec a, int64_t n, float fill) {  // lanes n.. set to fill
+  const __mmask16 keep = n >= LANES ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.v)};
+}
+inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
+inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
+#else
+struct Vec {  // the same arithmetic, lane by lane, where AVX-512 is not available
+  float f[LANES];
+  static Vec load(const float* p) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = p[i]; return r; }
+  static Vec set1(float x) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = x; return r; }
+  void store(float* p) const { for (int i = 0; i < LANES; ++i) p[i] = f[i]; }
+};
+#define SENDLENS_LANEWISE(expr) Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = (expr); return r;
+inline Vec fma(Vec a, Vec b, Vec c) { SENDLENS_LANEWISE(std::fma(a.f[i], b.f[i], c.f[i])) }
+inline Vec operator+(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] + b.f[i]) }
+inline Vec operator-(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] - b.f[i]) }
+inline Vec operator*(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] * b.f[i]) }
+inline Vec operator/(Vec a, Vec b) { SENDLENS_LANEWISE(a.f[i] / b.f[i]) }
+inline Vec max(Vec a, Vec b) { SENDLENS_LANEWISE(std::max(a.f[i], b.f[i])) }
+inline Vec round(Vec a) { SENDLENS_LANEWISE(std::nearbyint(a.f[i])) }
+inline Vec scale2(Vec a, Vec n) { SENDLENS_LANEWISE(std::ldexp(a.f[i], static_cast<int>(n.f[i]))) }
+inline Vec first(Vec a, int64_t n, float fill) { SENDLENS_LANEWISE(i < n ? a.f[i] : fill) }
+#undef SENDLENS_LANEWISE
+inline float reduce_max(Vec a) { float m = a.f[0]; for (int i = 1; i < LANES; ++i) m = std::max(m, a.f[i]); return m; }
+inline float reduce_add(Vec a) {  // a fixed tree, halves first
+  for (int w = LANES / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a.f[i] += a.f[i + w];
+  return a.f[0];
+}
+#endif
+
+}  // namespace sendlens
