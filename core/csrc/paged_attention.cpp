@@ -157,16 +157,17 @@ void weigh_rows(int64_t rows, const Pools& pool, int64_t seq, int64_t h, const f
   }
 }
 
-// One work item: query tokens [t0, t1) of sequence `seq`, all G query heads of KV head `h`.
+// One work item: query tokens [t0, t1) of sequence `seq`, query heads g0 .. g0 + Gs - 1 of the G
+// that read KV head `h`.
 template <int64_t ND>  // D = 16 * ND
 void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, float* out, int64_t H, int64_t G,
-                 int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
+                 int64_t g0, int64_t Gs, int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
                  std::vector<float>& scratch) {
   constexpr int64_t D = LANES * ND;
   constexpr int MR = 8;  // rows scored together
   constexpr int NR = 6;  // rows weighing values together
   constexpr int64_t KEY_BLOCK = 128;
-  const int64_t R = (t1 - t0) * G;  // rows (token i, head g) = i * G + g
+  const int64_t R = (t1 - t0) * Gs;  // rows (token i, head g0 + g) = i * Gs + g
   // A few rows (a decode) read each block once, from memory: ask for the next one ahead. Many
   // rows read it again from cache, where asking would only cost instructions.
   const bool stream = R <= MR;
@@ -181,7 +182,7 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
   std::vector<int64_t> keys(R);              // (R,) how many keys each row reads
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t t = t0 + r / G, head = h * G + r % G;
+    const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;
     keys[r] = positions[t] + 1;
     const float* src = q + t * q_token_stride + head * D;
     for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * scale;
@@ -244,7 +245,7 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
                      from, from + KEY_BLOCK, acc + r0 * D, stream);
   }
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t t = t0 + r / G, head = h * G + r % G;
+    const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;
     const Vec denom = Vec::set1(sums[r]);
     for (int64_t c = 0; c < ND; ++c)
       (Vec::load(acc + r * D + c * LANES) / denom).store(out + (t * H + head) * D + c * LANES);
@@ -334,21 +335,25 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   at::Tensor out = at::empty({T, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t tiles = static_cast<int64_t>(starts.size()) - 1, items = tiles * Hkv, G = H / Hkv;
+  const int64_t tiles = static_cast<int64_t>(starts.size()) - 1, G = H / Hkv;
   // Items run heaviest first (the last tokens of a chunk read the most keys), taken one at a
-  // time by whichever thread is free. A decode step of one request is a few microseconds of
-  // work: not worth waking a second thread. Which thread computes a row never changes its bits.
-  const int threads = work * H < 65536 ? 1 : at::get_num_threads();
+  // time by whichever thread is free. A decode of one request is split further, one query head
+  // per item, so that both threads have work; a tiny step stays on one thread. Which thread
+  // computes a row, and with which other rows, never changes its bits.
+  const int threads = work * H < 2048 ? 1 : at::get_num_threads();
+  const int64_t parts = tiles * Hkv < 4 * threads ? G : 1, per_part = G / parts;
+  const int64_t items = tiles * Hkv * parts;
   std::exception_ptr failure;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < items; ++i) {
-      const int64_t item = items - 1 - i, tile = item / Hkv, h = item % Hkv;
+      const int64_t item = items - 1 - i, tile = item / (Hkv * parts), h = item / parts % Hkv;
       const int64_t t0 = starts[tile], t1 = starts[tile + 1];
       try {
-        fn(pool, qp, q.stride(0), op, H, G, seq_of[t0], h, t0, t1, pos, scratch);
+        fn(pool, qp, q.stride(0), op, H, G, item % parts * per_part, per_part, seq_of[t0], h, t0, t1, pos,
+           scratch);
       } catch (...) {
 #pragma omp critical
         if (!failure) failure = std::current_exception();
