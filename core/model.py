@@ -80,8 +80,11 @@ class Rotary(nn.Module):
         # rotate half: (x1, x2) -> (-x2, x1), written as (x2, x1) * (-sin, sin)
         self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
         self._last = (None, None, None)  # (positions, cos, sin): the layers of a step share them
+        self.kernel = None               # the engine's kernel (csrc/rotary.cpp), set by use_kernels
 
     def forward(self, x, positions):  # x: (T, heads, D), positions: (T,)
+        if self.kernel is not None:
+            return self.kernel.rotary(x, self.cos, self.sin, positions)  # the same, in one pass
         last, cos, sin = self._last
         if positions is not last:
             cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]  # (T, 1, D)
@@ -181,10 +184,10 @@ class Transformer(nn.Module):
             self.lm_head = q8_0_as_two_q4(emb)
 
     def use_kernels(self, ext) -> None:
-        """Normalize with the engine's RMSNorm kernel (native.kernels(); None: torch's), as the
-        C++ decoder does, so that the Python forward gives its bits."""
+        """Normalize and rotate with the engine's kernels (native.kernels(); None: torch's), as
+        the C++ decoder does, so that the Python forward gives its bits."""
         for module in self.modules():
-            if isinstance(module, RMSNorm):
+            if isinstance(module, (RMSNorm, Rotary)):
                 module.kernel = ext
 
     def reference(self) -> "Transformer":

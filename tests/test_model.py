@@ -53,10 +53,27 @@ def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
 def test_use_kernels_sets_every_norm(tiny_loaded):
     from core import native
     model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)
-    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    assert len(norms) == 2 * tiny_loaded.config.num_layers + 1 and all(m.kernel is None for m in norms)
+    parts = [m for m in model.modules() if isinstance(m, (RMSNorm, Rotary))]
+    assert len(parts) == 2 * tiny_loaded.config.num_layers + 2 and all(m.kernel is None for m in parts)
     model.use_kernels(native.kernels(tiny_loaded.config))
-    assert all(m.kernel is native.extension() for m in norms)
+    assert all(m.kernel is native.extension() for m in parts)
+
+
+def test_the_rotary_kernel_is_the_definition():
+    """csrc/rotary.cpp against Rotary's torch code, on strided rows as the model passes them."""
+    from core import native
+    g = torch.Generator().manual_seed(2)
+    rotary = Rotary(64, 10000.0, 512)
+    qkv = torch.randn(37, 15 * 64, generator=g)
+    x = qkv[:, : 12 * 64].view(37, 12, 64)                  # (T, heads, D), rows strided
+    positions = torch.randint(0, 512, (37,), generator=g)
+    expected = rotary(x, positions)
+    rotary.kernel = native.extension()
+    y = rotary(x, positions)
+    assert y.is_contiguous() and torch.allclose(y, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(rotary(x[5:6], positions[5:6])[0], y[5])     # a token alone: the same bits
+    with pytest.raises(RuntimeError, match="outside the table"):
+        rotary(x[:1], torch.tensor([512]))
 
 
 def test_rotary_rotates_pairs_of_half_dimensions():

@@ -1,6 +1,6 @@
 // The decoder's layers over a paged batch, in C++: the same ATen operations, in the same order
-// and with the same arguments, as core/model.py, and the same kernels (kernels.h: attention and
-// RMSNorm, which model.py calls too), so the same bits. What it removes is Python: a
+// and with the same arguments, as core/model.py, and the same kernels (kernels.h: attention,
+// RMSNorm and rotary embedding, which model.py calls too), so the same bits. What it removes is Python: a
 // decode step of SmolLM2 is several hundred small tensor operations, and through Python each
 // costs a few microseconds more than the operation itself.
 //
@@ -78,11 +78,9 @@ class Decoder {
     py::gil_scoped_release no_gil;  // other Python threads (the web server) run meanwhile
     at::InferenceMode guard;
     at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
-    const at::Tensor cos = cos_.index({positions}).unsqueeze(1);                // (T, 1, D)
-    const at::Tensor sin = sin_.index({positions}).unsqueeze(1);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
-      x = x + attention(sendlens::rms_norm(x, l.attn_norm, eps_), l, cos, sin, k_cache[i], v_cache[i],
+      x = x + attention(sendlens::rms_norm(x, l.attn_norm, eps_), l, k_cache[i], v_cache[i],
                         slot_mapping, block_tables, token_seq, positions);
       x = x + mlp(sendlens::rms_norm(x, l.mlp_norm, eps_), l);
     }
@@ -90,24 +88,18 @@ class Decoder {
   }
 
  private:
-  at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-    const int64_t half = x.size(-1) / 2;
-    const at::Tensor swapped = at::cat({x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-    return x * cos + swapped * sin;
-  }
-
   at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
     const auto parts = l.gate_up(x, fmt_, pad_).chunk(2, -1);                        // (T, I) each
     return l.down(at::silu(parts[0]) * parts[1], fmt_, pad_);                        // (T, C)
   }
 
-  at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
+  at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
                        const at::Tensor& block_tables, const at::Tensor& token_seq,
                        const at::Tensor& positions) const {
     const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
     const at::Tensor qkv = l.qkv(x, fmt_, pad_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)
-    const at::Tensor qk = rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos, sin);
+    const at::Tensor qk =                                                      // q and k at once
+        sendlens::rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos_, sin_, positions);
     const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
     sendlens::write_kv(k_cache, v_cache, slot_mapping, k, v);
@@ -135,4 +127,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &sendlens::paged_attention, py::call_guard<py::gil_scoped_release>());
   m.def("supports_head_dim", &sendlens::supports_head_dim);
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
+  m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());
 }

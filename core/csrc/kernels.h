@@ -1,4 +1,5 @@
-// The engine's own kernels: paged attention (paged_attention.cpp) and RMSNorm (rms_norm.cpp), each
+// The engine's own kernels: paged attention (paged_attention.cpp), RMSNorm (rms_norm.cpp) and
+// rotary embedding (rotary.cpp), each
 // computing every row on its own by construction, so that no result depends on the batch.
 #pragma once
 
@@ -25,5 +26,9 @@ bool supports_head_dim(int64_t D);
 
 // x / sqrt(mean(x^2) + eps) * weight for each row of x: (T, C) float, C a multiple of 16.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Rotary embedding of x: (T, heads, D) float (rows may be strided) at positions (T,) int64, with the
+// model's tables cos, sin: (max positions, D) -> (T, heads, D) contiguous.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions);
 
 }  // namespace sendlens
