@@ -123,8 +123,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)  # gate and up, fused
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.kernel = None  # the engine's kernel (csrc/silu_mul.cpp), set by use_kernels
 
     def forward(self, x):  # (T, C)
+        if self.kernel is not None:
+            return self.down_proj(self.kernel.silu_mul(self.gate_up_proj(x)))  # the same, in one pass
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
         return self.down_proj(F.silu(gate) * up)          # (T, C)
 
@@ -184,10 +187,10 @@ class Transformer(nn.Module):
             self.lm_head = q8_0_as_two_q4(emb)
 
     def use_kernels(self, ext) -> None:
-        """Normalize and rotate with the engine's kernels (native.kernels(); None: torch's), as
-        the C++ decoder does, so that the Python forward gives its bits."""
+        """Normalize, rotate and gate with the engine's kernels (native.kernels(); None: torch's),
+        as the C++ decoder does, so that the Python forward gives its bits."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, Rotary)):
+            if isinstance(module, (RMSNorm, Rotary, MLP)):
                 module.kernel = ext
 
     def reference(self) -> "Transformer":

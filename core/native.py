@@ -29,7 +29,7 @@ from .config import WeightFormat
 from .gemm import BF16_MIN_ROWS, MIN_GEMM_ROWS, Q4_GROUP
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp")]
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
 
 
@@ -52,10 +52,11 @@ def extension():
 
 
 def kernels(cfg):
-    """The extension, for its attention, RMSNorm and rotary kernels, where it is built and handles the
-    model's shapes (a head size it has a kernel for, a hidden size a multiple of 16); else None."""
+    """The extension, for its kernels (attention, RMSNorm, rotary, SwiGLU's product), where it is
+    built and handles the model's shapes (a head size it has a kernel for, hidden and MLP sizes
+    multiples of 16); else None."""
     ext = extension()
-    if ext is None or not ext.supports_head_dim(cfg.head_dim) or cfg.hidden_size % 16:
+    if ext is None or not ext.supports_head_dim(cfg.head_dim) or cfg.hidden_size % 16 or cfg.intermediate_size % 16:
         return None
     return ext
 

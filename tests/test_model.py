@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from core.model import RMSNorm, Rotary, Transformer
+from core.model import MLP, RMSNorm, Rotary, Transformer
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
 def test_use_kernels_sets_every_norm(tiny_loaded):
     from core import native
     model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)
-    parts = [m for m in model.modules() if isinstance(m, (RMSNorm, Rotary))]
-    assert len(parts) == 2 * tiny_loaded.config.num_layers + 2 and all(m.kernel is None for m in parts)
+    parts = [m for m in model.modules() if isinstance(m, (RMSNorm, Rotary, MLP))]
+    assert len(parts) == 3 * tiny_loaded.config.num_layers + 2 and all(m.kernel is None for m in parts)
     model.use_kernels(native.kernels(tiny_loaded.config))
     assert all(m.kernel is native.extension() for m in parts)
 
@@ -74,6 +74,26 @@ def test_the_rotary_kernel_is_the_definition():
     assert torch.equal(rotary(x[5:6], positions[5:6])[0], y[5])     # a token alone: the same bits
     with pytest.raises(RuntimeError, match="outside the table"):
         rotary(x[:1], torch.tensor([512]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_silu_mul_kernel_is_the_definition(dtype):
+    """csrc/silu_mul.cpp: silu(gate) * up computed in float and rounded once to the input's dtype
+    (to nearest even for bfloat16), each row on its own, also where silu saturates."""
+    from core import native
+    g = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(9, 2 * 1536, generator=g) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])   # e^-gate overflows, vanishes; zeros
+    y = native.extension().silu_mul(gate_up)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    exact = torch.nn.functional.silu(gate) * up                   # in float
+    assert y.dtype == dtype and y.shape == (9, 1536)
+    if dtype == torch.float32:
+        assert torch.allclose(y, exact, rtol=1e-5, atol=1e-6)
+    else:                                                         # one rounding of a float close to exact
+        assert torch.allclose(y.float(), exact.to(dtype).float(), rtol=2 ** -7, atol=1e-6)
+    assert y[0, 0] == 0 and y[0, 1] == 200 * up[0, 1].to(dtype) and y[0, 2] == 0
+    assert torch.equal(native.extension().silu_mul(gate_up[4:5])[0], y[4])
 
 
 def test_rotary_rotates_pairs_of_half_dimensions():

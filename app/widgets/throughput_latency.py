@@ -102,8 +102,10 @@ def drive(exp, arrivals: list[float], prompts: list[list[int]]):
 
 
 def rounded(metrics: dict) -> dict:
-    return {k: rounded(v) if isinstance(v, dict) else round(v, 3) if isinstance(v, float) else v
-            for k, v in metrics.items()}
+    """Every figure to the microsecond: seconds to 6 places, everything else (ms, tok/s) to 3, so
+    that a rate recomputed from a short run's duration is what the reply says."""
+    return {k: rounded(v) if isinstance(v, dict) else round(v, 6 if k.endswith("_s") else 3)
+            if isinstance(v, float) else v for k, v in metrics.items()}
 
 
 def machine(started: float) -> dict:

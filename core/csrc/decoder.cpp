@@ -1,6 +1,6 @@
 // The decoder's layers over a paged batch, in C++: the same ATen operations, in the same order
 // and with the same arguments, as core/model.py, and the same kernels (kernels.h: attention,
-// RMSNorm and rotary embedding, which model.py calls too), so the same bits. What it removes is Python: a
+// RMSNorm, rotary embedding and SwiGLU's product, which model.py calls too), so the same bits. What it removes is Python: a
 // decode step of SmolLM2 is several hundred small tensor operations, and through Python each
 // costs a few microseconds more than the operation itself.
 //
@@ -89,8 +89,7 @@ class Decoder {
 
  private:
   at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
-    const auto parts = l.gate_up(x, fmt_, pad_).chunk(2, -1);                        // (T, I) each
-    return l.down(at::silu(parts[0]) * parts[1], fmt_, pad_);                        // (T, C)
+    return l.down(sendlens::silu_mul(l.gate_up(x, fmt_, pad_)), fmt_, pad_);        // (T, C)
   }
 
   at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
@@ -128,4 +127,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supports_head_dim", &sendlens::supports_head_dim);
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &sendlens::silu_mul, py::call_guard<py::gil_scoped_release>());
 }

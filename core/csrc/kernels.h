@@ -1,5 +1,5 @@
-// The engine's own kernels: paged attention (paged_attention.cpp), RMSNorm (rms_norm.cpp) and
-// rotary embedding (rotary.cpp), each
+// The engine's own kernels: paged attention (paged_attention.cpp), RMSNorm (rms_norm.cpp), rotary
+// embedding (rotary.cpp) and SwiGLU's silu(gate) * up (silu_mul.cpp), each
 // computing every row on its own by construction, so that no result depends on the batch.
 #pragma once
 
@@ -30,5 +30,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Rotary embedding of x: (T, heads, D) float (rows may be strided) at positions (T,) int64, with the
 // model's tables cos, sin: (max positions, D) -> (T, heads, D) contiguous.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions);
+
+// silu(gate) * up from gate_up: (T, 2I) float or bfloat16 (gate first), I a multiple of 16 -> (T, I).
+at::Tensor silu_mul(const at::Tensor& gate_up);
 
 }  // namespace sendlens

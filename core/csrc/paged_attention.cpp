@@ -35,22 +35,6 @@ namespace {
 constexpr int64_t TILE_TOKENS = 8;  // query tokens of one sequence per work item
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-// e^x for x <= 0 (Cephes' expf: x = n ln2 + r, e^r by a degree-5 polynomial, times 2^n).
-inline Vec exp_nonpositive(Vec x) {
-  x = max(x, Vec::set1(-87.3365f));
-  const Vec n = round(x * Vec::set1(1.44269504088896341f));
-  x = fma(n, Vec::set1(-0.693359375f), x);
-  x = fma(n, Vec::set1(2.12194440e-4f), x);
-  Vec p = Vec::set1(1.9875691500e-4f);
-  p = fma(p, x, Vec::set1(1.3981999507e-3f));
-  p = fma(p, x, Vec::set1(8.3334519073e-3f));
-  p = fma(p, x, Vec::set1(4.1665795894e-2f));
-  p = fma(p, x, Vec::set1(1.6666665459e-1f));
-  p = fma(p, x, Vec::set1(5.0000001201e-1f));
-  const Vec y = fma(p, x * x, x) + Vec::set1(1.0f);
-  return scale2(y, n);
-}
-
 // Ask for n floats from p to be brought into cache (a block's keys or values: 4 KB in SmolLM2),
 // so that reading them overlaps the arithmetic on the block before.
 inline void prefetch(const float* p, int64_t n) {
@@ -227,7 +211,7 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
     const Vec top = Vec::set1(reduce_max(m));
     Vec sum = Vec::set1(0.0f);
     for (int64_t kt = 0; kt < row_tiles; ++kt) {
-      const Vec e = first(exp_nonpositive(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
+      const Vec e = first(exp(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
       e.store(row + kt * LANES);
       sum = sum + e;
     }

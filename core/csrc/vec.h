@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -58,6 +59,54 @@ inline float reduce_add(Vec a) {  // a fixed tree, halves first
   for (int w = LANES / 2; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) a.f[i] += a.f[i + w];
   return a.f[0];
+}
+#endif
+
+// e^x (Cephes' expf: x = n ln2 + r, e^r by a degree-5 polynomial, times 2^n): about 0 below -87.3,
+// infinity above 88.7.
+inline Vec exp(Vec x) {
+  x = max(x, Vec::set1(-87.3365f));
+  const Vec n = round(x * Vec::set1(1.44269504088896341f));
+  x = fma(n, Vec::set1(-0.693359375f), x);
+  x = fma(n, Vec::set1(2.12194440e-4f), x);
+  Vec p = Vec::set1(1.9875691500e-4f);
+  p = fma(p, x, Vec::set1(1.3981999507e-3f));
+  p = fma(p, x, Vec::set1(8.3334519073e-3f));
+  p = fma(p, x, Vec::set1(4.1665795894e-2f));
+  p = fma(p, x, Vec::set1(1.6666665459e-1f));
+  p = fma(p, x, Vec::set1(5.0000001201e-1f));
+  const Vec y = fma(p, x * x, x) + Vec::set1(1.0f);
+  return scale2(y, n);
+}
+
+// Sixteen bfloat16 values (the top halves of floats) to floats, exactly; and back, rounding to
+// nearest even, as torch does.
+#ifdef __AVX512F__
+inline Vec load_bf16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+}
+inline void store_bf16(Vec a, uint16_t* p) {
+  const __m512i bits = _mm512_castps_si512(a.v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+#else
+inline Vec load_bf16(const uint16_t* p) {
+  Vec r;
+  for (int i = 0; i < LANES; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&r.f[i], &bits, sizeof(float));
+  }
+  return r;
+}
+inline void store_bf16(Vec a, uint16_t* p) {
+  for (int i = 0; i < LANES; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &a.f[i], sizeof(float));
+    p[i] = static_cast<uint16_t>((bits + ((bits >> 16) & 1) + 0x7FFF) >> 16);
+  }
 }
 #endif
 

@@ -100,12 +100,14 @@ def check_point(r, rate, seqs, n):
 
 
 def test_a_run_is_one_point_consistent_with_its_arrivals(ws):
-    r = run_job(ws, rate=20, max_num_seqs=4, num_requests=8, run=3)
+    # The highest rate: 8 requests arrive within about 80 ms, faster than one slot serves them even
+    # on the tiny model, so that they queue.
+    r = run_job(ws, rate=100, max_num_seqs=4, num_requests=8, run=3)
     assert r["type"] == "throughput_latency", r
-    check_point(r, 20, 4, 8)
-    assert run_job(ws, rate=20, max_num_seqs=4, num_requests=8, run=3)["machine"] == r["machine"], "cached"
-    one = run_job(ws, rate=20, max_num_seqs=1, num_requests=8, run=3)
-    check_point(one, 20, 1, 8)
+    check_point(r, 100, 4, 8)
+    assert run_job(ws, rate=100, max_num_seqs=4, num_requests=8, run=3)["machine"] == r["machine"], "cached"
+    one = run_job(ws, rate=100, max_num_seqs=1, num_requests=8, run=3)
+    check_point(one, 100, 1, 8)
     # one at a time: every request needs its own prefill step and output − 1 decode steps
     assert one["steps"] >= 8 * one["output_tokens"]
     assert one["ttft_p99_ms"] > r["ttft_p99_ms"], "one slot makes later arrivals wait longer"
