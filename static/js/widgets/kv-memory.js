@@ -129,7 +129,7 @@ export function mount(root, ctx) {
     liveCheck.classList.toggle("is-ok", mine === p.live_pool_bytes_per_token);
     liveNote.textContent = `This server's engine keeps ${names}: `
       + `${fmtNum(p.kv_bytes)} bytes for ${fmtNum(p.total_blocks)} blocks × ${p.block_size} = ${fmtNum(p.token_slots)} token slots. `
-      + `It stores ${p.dtype}, like its weights, so each token costs ${p.bytes_per_value / 2}× the bf16 figure.`;
+      + `It stores ${p.dtype} whatever the weights' format, so each token costs ${p.bytes_per_value / 2}× the bf16 figure.`;
   }
 
   function choosePreset(key) {
