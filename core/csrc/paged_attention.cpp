@@ -16,18 +16,16 @@
 // padding queries or keys (the torch path in attention.py needs both). Rows are tiled (a few tokens
 // of one sequence and one KV head) only so that a key tile, once in cache, serves many rows.
 
-#include "kernels.h"
-#include "vec.h"
-
 #include <ATen/Parallel.h>
-
-#include <exception>
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
+#include "vec.h"
 
 namespace sendlens {
 namespace {
