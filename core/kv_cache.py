@@ -13,7 +13,7 @@ summed. `token_major` gives both as (blocks, block_size, Hkv, D) views.
 import numpy as np
 import torch
 
-BYTES_PER_VALUE = 4  # fp32, like the weights
+BYTES_PER_VALUE = 4  # fp32, in every weight format
 
 
 class KVCache:
@@ -27,8 +27,9 @@ class KVCache:
         # block is first written, and a 1 GiB pool costs nothing up front. Attention never reads
         # a slot beyond a token's position (the torch path reads whole blocks and masks them,
         # where 0 * garbage could be NaN; zeros keep that safe too).
-        self.k = torch.from_numpy(np.zeros((num_layers, num_blocks, num_kv_heads, head_dim, block_size), dtype=np.float32))
-        self.v = torch.from_numpy(np.zeros((num_layers, num_blocks, num_kv_heads, block_size, head_dim), dtype=np.float32))
+        L, B, Hkv, D, bs = num_layers, num_blocks, num_kv_heads, head_dim, block_size
+        self.k = torch.from_numpy(np.zeros((L, B, Hkv, D, bs), dtype=np.float32))
+        self.v = torch.from_numpy(np.zeros((L, B, Hkv, bs, D), dtype=np.float32))
         self.num_blocks = num_blocks
         self.block_size = block_size
 

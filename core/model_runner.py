@@ -22,8 +22,8 @@ from .sequence import Sequence
 
 # The torch path only: a prefill chunk attends as pieces of this many queries, each reading the
 # keys up to its own last position only: a causal mask over one (n, n) square wastes half the
-# products, pieces of 64 waste about 1/(2 * pieces) of them. Any split gives the same bits (attention.py pads keys
-# and queries without changing a result), so this is a speed knob only.
+# products, pieces of 64 waste about 1/(2 * pieces) of them. Any split gives the same bits
+# (attention.py pads keys and queries without changing a result), so this is a speed knob only.
 PREFILL_PIECE = 64
 
 
@@ -77,7 +77,8 @@ class ModelRunner:
         block_tables = np.zeros((len(tables), max(map(len, tables), default=0)), dtype=np.int64)
         for row, table in enumerate(tables):
             block_tables[row, : len(table)] = table
-        groups = [build_group(g, bs, self.min_rows) for g in plan_groups(entries, bs, self.min_rows)]
+        groups = [] if self.kernel else [build_group(g, bs, self.min_rows)
+                                         for g in plan_groups(entries, bs, self.min_rows)]
         positions = torch.tensor(positions, dtype=torch.long)
         return StepInput(
             input_ids=torch.tensor(ids, dtype=torch.long),

@@ -1,13 +1,13 @@
 """The decoder's layers in C++ (csrc/decoder.cpp), for the engine's steps: the same ATen
-operations as model.py, in the same order, and the same attention kernel
-(csrc/paged_attention.cpp, which model.py calls through attention.py too), so the same bits,
-without Python.
+operations as model.py, in the same order, and the same kernels of our own (csrc/kernels.h:
+attention, RMSNorm, rotary embedding, SwiGLU's product, which model.py calls too), so the same
+bits, without Python.
 
-A decode step of SmolLM2 is about 1,500 small tensor operations; through Python each costs a few
-microseconds more than the operation itself, as much as the int4 products altogether (profile in
-the README). Tracing or compiling the forward was tried and dropped (torch.compile took 50 s and
-changed greedy tokens); this is the forward written out once more, in C++, operation for
-operation, and a test holds it to the Python one bit for bit in every weight format.
+A decode step of SmolLM2 is several hundred small tensor operations; through Python each costs a
+few microseconds more than the operation itself (profile in the README). Tracing or compiling the
+forward was tried and dropped (torch.compile took 50 s and changed greedy tokens); this is the
+forward written out once more, in C++, operation for operation, and a test holds it to the Python
+one bit for bit in every weight format.
 
 It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute),
 for this machine's CPU (-march=native: the attention kernel is written for AVX-512, with a
@@ -29,7 +29,8 @@ from .config import WeightFormat
 from .gemm import BF16_MIN_ROWS, MIN_GEMM_ROWS, Q4_GROUP
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp")]
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name
+           for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
 
 
@@ -47,7 +48,8 @@ def extension():
                                   extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build: Python does the same work
         log.warning("the C++ decoder could not be built (%s: %s); the engine runs model.py's Python "
-                    "forward instead (the same results, slower)", type(exc).__name__, str(exc).strip()[:300])
+                    "forward with torch's operations instead (batch-invariant too, slower, other bits)",
+                    type(exc).__name__, str(exc).strip()[:300])
         return None
 
 
@@ -56,9 +58,8 @@ def kernels(cfg):
     built and handles the model's shapes (a head size it has a kernel for, hidden and MLP sizes
     multiples of 16); else None."""
     ext = extension()
-    if ext is None or not ext.supports_head_dim(cfg.head_dim) or cfg.hidden_size % 16 or cfg.intermediate_size % 16:
-        return None
-    return ext
+    shapes_fit = cfg.hidden_size % 16 == 0 and cfg.intermediate_size % 16 == 0
+    return ext if ext is not None and shapes_fit and ext.supports_head_dim(cfg.head_dim) else None
 
 
 class NativeDecoder:

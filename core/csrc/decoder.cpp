@@ -1,8 +1,8 @@
 // The decoder's layers over a paged batch, in C++: the same ATen operations, in the same order
 // and with the same arguments, as core/model.py, and the same kernels (kernels.h: attention,
-// RMSNorm, rotary embedding and SwiGLU's product, which model.py calls too), so the same bits. What it removes is Python: a
-// decode step of SmolLM2 is several hundred small tensor operations, and through Python each
-// costs a few microseconds more than the operation itself.
+// RMSNorm, rotary embedding and SwiGLU's product, which model.py calls too), so the same bits.
+// What it removes is Python: a decode step of SmolLM2 is several hundred small tensor
+// operations, and through Python each costs a few microseconds more than the operation itself.
 //
 // Shapes: T packed tokens, C hidden size, H query heads and Hkv key/value heads of size D.
 
@@ -10,7 +10,7 @@
 
 #include "kernels.h"
 
-#include <cmath>
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -92,8 +92,8 @@ class Decoder {
     return l.down(sendlens::silu_mul(l.gate_up(x, fmt_, pad_)), fmt_, pad_);        // (T, C)
   }
 
-  at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping,
-                       const at::Tensor& block_tables, const at::Tensor& token_seq,
+  at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& token_seq,
                        const at::Tensor& positions) const {
     const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
     const at::Tensor qkv = l.qkv(x, fmt_, pad_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)

@@ -119,7 +119,8 @@ void weigh_block(const Pools& pool, int64_t seq, int64_t h, const float* e, int6
                  int64_t from, int64_t to, float* acc_rows, bool stream) {
   int64_t fewest = keys[0];
   for (int i = 1; i < NR; ++i) fewest = std::min(fewest, keys[i]);
-  if (std::min(to, fewest) > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, std::min(to, fewest), acc_rows, stream);
+  const int64_t shared = std::min(to, fewest);
+  if (shared > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, shared, acc_rows, stream);
   for (int i = 0; i < NR; ++i) {
     const int64_t a = std::max(from, fewest), b = std::min(to, keys[i]);
     if (b > a) weigh_range<ND, 1>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND, stream);

@@ -25,7 +25,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   const int64_t* pos = positions.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const int64_t st = x.stride(0), sh = x.stride(1);
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(pos[t] >= 0 && pos[t] < P, "position ", pos[t], " is outside the table");
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < P, "position ", pos[t], " is outside the table");
   at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cp + pos[t] * D;
