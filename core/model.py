@@ -39,8 +39,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.kernel: PackedLinear | None = None
 
-    def pack(self, fmt: WeightFormat) -> None:
-        self.kernel = PackedLinear(fmt, self.weight.detach())
+    def pack(self, fmt: WeightFormat, prepack: bool | None = None) -> None:
+        self.kernel = PackedLinear(fmt, self.weight.detach(), prepack=prepack)
 
     def forward(self, x):  # (N, in) -> (N, out): fp32, or bfloat16 for bf16 and q4_1
         if self.kernel is None:
@@ -157,34 +157,32 @@ class Transformer(nn.Module):
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         self.weight_format = WeightFormat.FP32
         self.lm_head_candidates = 0
-        self.lm_head = None  # bf16 and q4_1: the approximate LM head's tensors
+        self.lm_head = None  # once packed: a PackedLinear (fp32, bf16), or q4_1's two 4-bit halves
         self.native = None   # the same layers in C++ for the engine's paged batches (native.py), if built
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
                         weight_format: WeightFormat | str = WeightFormat.FP32,
-                        lm_head_candidates: int = 64) -> "Transformer":
+                        lm_head_candidates: int = 64, packed: bool = True) -> "Transformer":
         """Build with empty weights, then adopt the checkpoint's tensors (no copy), and pack the
-        linear layers' weights in `weight_format` (fp32 packs nothing)."""
+        linear layers' weights in `weight_format` (gemm.PackedLinear). packed=False (fp32 only)
+        keeps the plain tensors and multiplies them as they are: no copy at all."""
         model = cls(cfg)
         model.load_state_dict(state_dict, strict=True, assign=True)
         model = model.eval().requires_grad_(False)
-        model.pack(WeightFormat(weight_format), lm_head_candidates)
+        fmt = WeightFormat(weight_format)
+        if packed or fmt is not WeightFormat.FP32:
+            model.pack(fmt, lm_head_candidates)
         return model
 
     def pack(self, fmt: WeightFormat, lm_head_candidates: int = 64) -> None:
         self.weight_format = fmt
         self.lm_head_candidates = lm_head_candidates
-        if fmt is WeightFormat.FP32:
-            return
         for module in self.modules():
             if isinstance(module, (Linear, Experts)):
                 module.pack(fmt)
         emb = self.embed_tokens.weight
-        if fmt is WeightFormat.BF16:
-            self.lm_head = (emb.to(torch.bfloat16),)
-        else:
-            self.lm_head = q8_0_as_two_q4(emb)
+        self.lm_head = q8_0_as_two_q4(emb) if fmt is WeightFormat.Q4_1 else PackedLinear(fmt, emb)
 
     def use_kernels(self, ext) -> None:
         """Normalize, rotate and gate with the engine's kernels (native.kernels(); None: torch's),
@@ -195,19 +193,23 @@ class Transformer(nn.Module):
 
     def reference(self) -> "Transformer":
         """The same model multiplying in fp32: a second set of modules over the same fp32 weight
-        tensors (no copy), for the widgets that look inside and compare with transformers. Itself
-        when the model is fp32 already."""
+        tensors (no copy, not prepacked), for the widgets that look inside and compare with
+        transformers. Itself when the model is fp32 already."""
         if self.weight_format is WeightFormat.FP32:
             return self
-        return Transformer.from_state_dict(self.config, self.state_dict(), WeightFormat.FP32)
+        return Transformer.from_state_dict(self.config, self.state_dict(), WeightFormat.FP32, packed=False)
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one decode step of a dense model reads: every linear layer's in its
-        format, and the LM head's (the tied embedding in fp32, or its packed copy)."""
+        format, and the LM head's (the tied embedding, or its packed copy)."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
-        head = (self.embed_tokens.weight,) if self.lm_head is None else tuple(
-            t for part in self.lm_head for t in (part if isinstance(part, tuple) else (part,)))
-        return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + sum(t.nbytes for t in head)
+        if self.lm_head is None:
+            head = self.embed_tokens.weight.nbytes
+        elif isinstance(self.lm_head, PackedLinear):
+            head = self.lm_head.nbytes
+        else:
+            head = sum(t.nbytes for half in self.lm_head for t in half)
+        return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + head
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
@@ -220,10 +222,12 @@ class Transformer(nn.Module):
 
     def logits(self, hidden):  # (N, C) -> (N, V), through the tied embedding matrix
         emb = self.embed_tokens.weight                                    # (V, C)
-        if self.weight_format is WeightFormat.FP32:
+        if self.lm_head is None:
             return linear(hidden, emb)
+        if self.weight_format is WeightFormat.FP32:
+            return self.lm_head(hidden)
         if self.weight_format is WeightFormat.BF16:
-            approx = F.linear(hidden.to(torch.bfloat16), self.lm_head[0])  # (N, V), rows independent
+            approx = self.lm_head(hidden)                                 # (N, V), rows independent
         else:
             approx = linear_q8_0(hidden, self.lm_head)                     # (N, V), rows independent
         logits = approx.float()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .attention import PagedBatch
 from .config import WeightFormat
-from .gemm import BF16_MIN_ROWS, MIN_GEMM_ROWS, Q4_GROUP
+from .gemm import Q4_GROUP
 
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
@@ -68,16 +68,17 @@ class NativeDecoder:
     def __init__(self, model, ext):
         cfg = model.config
         fmt = model.weight_format
+        products = model.layers[0].attn.qkv_proj.kernel   # every layer's are alike (gemm.PackedLinear)
         layers = []
         for block in model.layers:
             tensors = [block.attn_norm.weight, block.mlp_norm.weight]
             for linear in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
-                tensors.extend(linear.kernel.tensors if linear.kernel is not None else (linear.weight,))
+                tensors.extend(linear.kernel.tensors)
             layers.append(tensors)
         self.decoder = ext.Decoder(FORMAT_CODES[fmt], model.embed_tokens.weight, model.norm.weight,
                                    model.rotary.cos, model.rotary.sin, layers,
                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
-                                   MIN_GEMM_ROWS, BF16_MIN_ROWS, Q4_GROUP)
+                                   products.prepacked, products.min_rows, Q4_GROUP)
 
     def forward(self, input_ids, positions, batch: PagedBatch):
         """As Transformer.forward with a PagedBatch: (T,), (T,) -> final hidden states (T, C)."""

@@ -124,6 +124,9 @@ class ShardedBlocks:
             attn.o_proj.weight.data = block.attn.o_proj.weight[:, q.start * D:q.stop * D].contiguous()  # row-parallel
             mlp.gate_up_proj.weight.data = block.mlp.gate_up_proj.weight[mlp_rows].contiguous()  # column-parallel
             mlp.down_proj.weight.data = block.mlp.down_proj.weight[:, cols.start:cols.stop].contiguous()  # row-parallel
+            if block.attn.qkv_proj.kernel is not None:   # the model multiplies packed weights: so do the shards
+                for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                    linear.pack(model.weight_format)
             self.attn.append(attn.requires_grad_(False))
             self.mlp.append(mlp.requires_grad_(False))
         self.norms = [(b.attn_norm, b.mlp_norm) for b in model.layers]   # replicated

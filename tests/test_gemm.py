@@ -1,12 +1,16 @@
 """gemm.py: every weight format computes x W^T, and a row's result never depends on the batch
-(bit for bit, one and two threads); the Q4_1 and Q8_0 packings stand for the same weights."""
+(bit for bit, one and two threads), prepacked for oneDNN or plain; the Q4_1 and Q8_0 packings
+stand for the same weights."""
 
 import pytest
 import torch
 
 from core.config import WeightFormat
-from core.gemm import (PackedLinear, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows, q8_0_as_two_q4,
-                       quantize_q4_1)
+from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows,
+                       prepacking_available, q8_0_as_two_q4, quantize_q4_1)
+
+# (format, prepack): fp32 and bf16 both ways, q4_1 has one packing
+PRODUCTS = [("fp32", True), ("fp32", False), ("bf16", True), ("bf16", False), ("q4_1", None)]
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -24,30 +28,49 @@ def test_pad_rows_appends_zero_rows_to_whole_panels():
     assert pad_rows(x[:1], 2).shape == (2, 3)
 
 
-@pytest.mark.parametrize("fmt", list(WeightFormat))
-def test_every_format_computes_x_wt(fmt):
+def test_prepacking_is_available_here():
+    """The CPU build of PyTorch that the set-up installs has oneDNN: a silent fallback to the
+    plain products would hide a slower engine."""
+    assert prepacking_available()
+    assert PackedLinear("fp32", torch.ones(8, 16)).prepacked and PackedLinear("bf16", torch.ones(8, 16)).prepacked
+
+
+@pytest.mark.parametrize("fmt,prepack", PRODUCTS)
+def test_every_format_computes_x_wt(fmt, prepack):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g) / 8
     x = torch.randn(7, 64, generator=g)
-    layer = PackedLinear(fmt, w)
+    layer = PackedLinear(fmt, w, prepack=prepack)
     y = layer(x)
     assert y.shape == (7, 96)
+    assert y.dtype == (torch.float32 if fmt == "fp32" else torch.bfloat16)
     ref = x @ w.T
     tol = {WeightFormat.FP32: 1e-5, WeightFormat.BF16: 0.05, WeightFormat.Q4_1: 0.25}[WeightFormat(fmt)]
     assert (y.float() - ref).abs().max().item() < tol * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("fmt", list(WeightFormat))
-@pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576)])
-def test_rows_are_batch_invariant_in_every_format(threads, fmt, shape):
+@pytest.mark.parametrize("fmt,prepack", PRODUCTS)
+@pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576), (64, 192), (128, 64)])
+def test_rows_are_batch_invariant_in_every_format(threads, fmt, prepack, shape):
+    """SmolLM2's and the tiny model's shapes; for one row oneDNN's prepacked product takes
+    another kernel at an input of 1,536 (hence PREPACKED_MIN_ROWS)."""
     cols, out = shape
     g = torch.Generator().manual_seed(1)
-    layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5)
+    layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5, prepack=prepack)
     x = torch.randn(70, cols, generator=g)
     full = layer(x)
     for n in range(1, 70):
         assert torch.equal(layer(x[:n]), full[:n]), f"{n} rows"
         assert torch.equal(layer(x[n - 1:n].clone())[0], full[n - 1]), f"row {n - 1} alone"
+
+
+def test_prepacked_weights_keep_their_size_and_pad_one_row():
+    w = torch.randn(96, 64)
+    for fmt, size in (("fp32", 4), ("bf16", 2)):
+        layer = PackedLinear(fmt, w, prepack=True)
+        assert layer.nbytes == 96 * 64 * size and layer.min_rows == PREPACKED_MIN_ROWS
+    assert PackedLinear("fp32", w, prepack=False).min_rows == 4
+    assert PackedLinear("fp32", w, prepack=False).tensors[0] is w     # plain fp32: no copy
 
 
 def test_q4_1_round_trips_its_own_dequantized_weights():

@@ -6,6 +6,7 @@
 //
 // Shapes: T packed tokens, C hidden size, H query heads and Hkv key/value heads of size D.
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
 #include "kernels.h"
@@ -17,10 +18,24 @@ namespace {
 
 enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2 };
 
-// How gemm.py pads and groups (its MIN_GEMM_ROWS, BF16_MIN_ROWS, Q4_GROUP), handed over by native.py.
-struct Padding {
-  int64_t gemm_rows, bf16_rows, q4_group;
+// How gemm.PackedLinear multiplies, handed over by native.py: fp32 and bf16 weights prepacked
+// for oneDNN or plain, the fewest rows a product runs with (PackedLinear.min_rows), Q4_GROUP.
+struct Products {
+  bool prepacked;
+  int64_t min_rows, q4_group;
 };
+
+// oneDNN's matmul on a weight in its blocked layout (gemm.linear_prepacked), through the
+// dispatcher: the operator is registered by PyTorch's oneDNN bindings, not declared in ATen's headers.
+at::Tensor linear_prepacked(const at::Tensor& x, const at::Tensor& packed) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            std::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<std::string_view>)>();
+  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), "");
+}
 
 at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
   const int64_t n = x.size(0);
@@ -31,18 +46,13 @@ at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
 
 // One linear layer's weight in the engine's format (gemm.PackedLinear) and its product.
 struct Linear {
-  std::vector<at::Tensor> w;  // fp32: (weight); bf16: (weight bf16); q4_1: (packed, scales_zeros)
+  std::vector<at::Tensor> w;  // fp32, bf16: (weight, maybe prepacked); q4_1: (packed, scales_zeros)
 
-  at::Tensor operator()(const at::Tensor& x, Format fmt, const Padding& p) const {
+  at::Tensor operator()(const at::Tensor& x, Format fmt, const Products& p) const {
+    if (fmt == Q4_1) return at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
     const int64_t n = x.size(0);
-    switch (fmt) {
-      case FP32:
-        return at::linear(pad_rows(x, p.gemm_rows), w[0]).slice(0, 0, n);
-      case BF16:
-        return at::linear(pad_rows(x.to(at::kBFloat16), p.bf16_rows), w[0]).slice(0, 0, n);
-      default:
-        return at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
-    }
+    const at::Tensor padded = pad_rows(x.to(fmt == FP32 ? at::kFloat : at::kBFloat16), p.min_rows);
+    return (p.prepacked ? linear_prepacked(padded, w[0]) : at::linear(padded, w[0])).slice(0, 0, n);
   }
 };
 
@@ -55,9 +65,9 @@ class Decoder {
  public:
   Decoder(int64_t fmt, at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
           std::vector<std::vector<at::Tensor>> layers, int64_t H, int64_t Hkv, int64_t D, double eps,
-          int64_t gemm_rows, int64_t bf16_rows, int64_t q4_group)
+          bool prepacked, int64_t min_rows, int64_t q4_group)
       : fmt_(static_cast<Format>(fmt)), embed_(embed), final_norm_(final_norm), cos_(cos), sin_(sin),
-        H_(H), Hkv_(Hkv), D_(D), eps_(eps), pad_{gemm_rows, bf16_rows, q4_group} {
+        H_(H), Hkv_(Hkv), D_(D), eps_(eps), products_{prepacked, min_rows, q4_group} {
     const size_t per_linear = fmt_ == Q4_1 ? 2 : 1;
     for (auto& t : layers) {  // attn_norm, mlp_norm, then qkv, o, gate_up, down
       TORCH_CHECK(t.size() == 2 + 4 * per_linear, "a layer takes ", 2 + 4 * per_linear, " tensors");
@@ -89,21 +99,21 @@ class Decoder {
 
  private:
   at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
-    return l.down(sendlens::silu_mul(l.gate_up(x, fmt_, pad_)), fmt_, pad_);        // (T, C)
+    return l.down(sendlens::silu_mul(l.gate_up(x, fmt_, products_)), fmt_, products_);  // (T, C)
   }
 
   at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& k_cache, const at::Tensor& v_cache,
                        const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& token_seq,
                        const at::Tensor& positions) const {
     const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
-    const at::Tensor qkv = l.qkv(x, fmt_, pad_).to(at::kFloat);                      // (T, (H + 2 Hkv) D)
+    const at::Tensor qkv = l.qkv(x, fmt_, products_).to(at::kFloat);          // (T, (H + 2 Hkv) D)
     const at::Tensor qk =                                                      // q and k at once
         sendlens::rotary(qkv.slice(1, 0, (H + Hkv) * D).view({T, H + Hkv, D}), cos_, sin_, positions);
     const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
     sendlens::write_kv(k_cache, v_cache, slot_mapping, k, v);
     const at::Tensor y = sendlens::paged_attention(q, k_cache, v_cache, block_tables, token_seq, positions);
-    return l.o(y.view({T, H * D}), fmt_, pad_);                                       // (T, C)
+    return l.o(y.view({T, H * D}), fmt_, products_);                          // (T, C)
   }
 
   Format fmt_;
@@ -111,7 +121,7 @@ class Decoder {
   std::vector<Layer> layers_;
   int64_t H_, Hkv_, D_;
   double eps_;
-  Padding pad_;
+  Products products_;
 };
 
 }  // namespace
@@ -119,7 +129,7 @@ class Decoder {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, int64_t, int64_t,
+                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, bool, int64_t,
                     int64_t>())
       .def("forward", &Decoder::forward);
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
