@@ -60,7 +60,7 @@ class WeightFormat(str, Enum):
     """How the linear layers' weights are stored and multiplied (see core/gemm.py)."""
     FP32 = "fp32"   # the reference: fp32 weights (oneDNN, prepacked; MKL sgemm without oneDNN)
     BF16 = "bf16"   # bfloat16 weights, fp32 accumulation (oneDNN, prepacked)
-    Q4_1 = "q4_1"   # the GGUF's own 4-bit groups, PyTorch's int4 kernel, fp32 accumulation
+    Q4_1 = "q4_1"   # the GGUF's own 4-bit groups, the engine's kernel (AVX-512 BF16) or PyTorch's int4
 
 
 class Scheduling(str, Enum):

@@ -20,12 +20,15 @@ every format bit for bit, alone against batched, with one and two threads.
   padded sgemm is also `linear`, the product of unpacked fp32 weights (attention's torch path,
   the MoE router).
 - q4_1: the GGUF file's own 4-bit weights (llama.cpp's Q4_1: groups of 32 weights, w = d*q + m,
-  q in 0..15), packed for PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, written for
-  torchao's weight-only quantization), which computes w = (q - 8) * scale + zero with
-  scale = d and zero = m + 8d, activations in bfloat16, accumulation in fp32. Its rows are
-  independent by construction: each output is one fused multiply-add chain over k in a fixed
-  order, whatever the number of rows or threads, so it needs no padding at all. A quarter of
-  bf16's bytes (plus a bf16 scale and zero per 32 weights): the fastest format for decode.
+  q in 0..15, d and m in fp16). A quarter of bf16's bytes (plus d and m per 32 weights): the
+  fastest format for decode. Where the CPU has AVX-512 BF16, the engine's own kernel
+  (csrc/q4_matmul.cpp) multiplies them: per group, the activations in bfloat16 times q (exact in
+  bfloat16) in bfloat16-pair dot products, then d * that + m * the group's sum of activations,
+  accumulated in fp32. Two to three times PyTorch's int4 kernel for one row, twice for 64.
+  Elsewhere, PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, written for torchao's
+  weight-only quantization) computes w = (q - 8) * scale + zero with scale = d and
+  zero = m + 8d in bfloat16. Both are row-independent by construction: each output is one fixed
+  chain of operations over k, whatever the number of rows or threads, so neither pads.
 """
 
 import torch
@@ -107,6 +110,27 @@ def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return q.reshape(out, cols).to(torch.uint8), d, m
 
 
+def q4_kernel():
+    """The engine's own Q4_1 product (csrc/q4_matmul.cpp) where it is built and the CPU has
+    AVX-512 BF16, else None."""
+    from .native import extension   # here, not at the top: native.py imports this module
+
+    ext = extension()
+    return ext if ext is not None and ext.has_q4_matmul() else None
+
+
+def pack_q4_1_native(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_1 blocks (q (out, in) in 0..15, d and m (out, in/32)) -> the layout q4_matmul reads, per
+    panel of 16 output columns: nibbles (out/16, in/4, 32) uint8, where byte b of unit u holds
+    column b/2's q at k = 4u + b%2 (low nibble) and at k = 4u + 2 + b%2 (high nibble), and dm
+    (out/16, in/32, 2, 16) fp16: each group's d, then m."""
+    N, K = q.shape
+    t = q.to(torch.uint8).view(N // 16, 16, K // 4, 2, 2).permute(0, 2, 3, 1, 4).reshape(N // 16, K // 4, 2, 32)
+    nibbles = (t[:, :, 0] | (t[:, :, 1] << 4)).contiguous()
+    dm = torch.stack([v.view(N // 16, 16, K // Q4_GROUP).transpose(1, 2) for v in (d, m)], dim=2)
+    return nibbles, dm.half().contiguous()
+
+
 def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_1 blocks -> (packed (out, in/2) uint8, scales_zeros (in/32, out, 2) bfloat16) for
     linear_q4: w = d*q + m = (q - 8)*d + (m + 8d)."""
@@ -115,24 +139,25 @@ def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     return packed, scales_zeros.to(torch.bfloat16).contiguous()
 
 
-def q8_0_as_two_q4(weight: torch.Tensor):
+def q8_0_as_two_q4(weight: torch.Tensor, prepack: bool | None = None) -> tuple["PackedLinear", "PackedLinear"]:
     """An 8-bit matrix (llama.cpp's Q8_0: w = d*q per group of 32, q in -127..127) as two 4-bit
-    ones for the int4 kernel: q = 16*hi + lo with hi in -8..7 and lo in 0..15, so
-    w = 16d*hi + d*lo. SmolLM2's embedding is Q8_0 in the GGUF, and re-quantizing its fp32
-    values finds the same d and q. -> ((packed, scales_zeros) of 16d*hi, of d*lo)."""
+    ones: q = 16*hi + lo with hi in -8..7 and lo in 0..15, so w = 16d*hi + d*lo. SmolLM2's
+    embedding is Q8_0 in the GGUF, and re-quantizing its fp32 values finds the same d and q.
+    -> (the q4_1 layer of 16d*hi, of d*lo), each with PackedLinear's `prepack`."""
     V, C = weight.shape
     groups = weight.float().reshape(V, C // Q4_GROUP, Q4_GROUP)
     d = (groups.abs().amax(-1) / 127).half().float()                    # (V, C/32)
     q = (groups / d.clamp_min(1e-12)[..., None]).round().clamp(-127, 127).to(torch.int32)
     hi, lo = (q >> 4).reshape(V, C), (q & 15).reshape(V, C)
-    return (pack_q4_1(hi + 8, 16 * d, -8 * 16 * d), pack_q4_1(lo, d, torch.zeros_like(d)))
+    return (PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(hi + 8, 16 * d, -8 * 16 * d), prepack=prepack),
+            PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(lo, d, torch.zeros_like(d)), prepack=prepack))
 
 
 def linear_q8_0(x: torch.Tensor, halves) -> torch.Tensor:
-    """x (N, in) times a q8_0_as_two_q4 matrix: the two 4-bit products, summed -> (N, out)
-    bfloat16. Rows independent, as each product's are."""
+    """x (N, in) times a q8_0_as_two_q4 matrix: the two 4-bit products, summed -> (N, out), in
+    their dtype. Rows independent, as each product's are."""
     hi, lo = halves
-    return linear_q4(x, *hi) + linear_q4(x, *lo)
+    return hi(x) + lo(x)
 
 
 def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -145,10 +170,11 @@ class PackedLinear:
     (a plain object, not a module: the model's Linear holds one and its hooks stay where they are).
 
     Built from the fp32 weight (out, in), or for q4_1 from Q4_1 blocks (q, d, m) when the
-    checkpoint has them (otherwise the fp32 weight is quantized). fp32 and bf16 are prepacked for
-    oneDNN where it is available (`prepacked`; pass prepack=False for the plain products).
-    Output dtype: fp32 for fp32, bfloat16 for the others (the caller adds it to an fp32
-    residual, which promotes it).
+    checkpoint has them (otherwise the fp32 weight is quantized). `prepacked`: laid out for the
+    fastest product this machine has, oneDNN's (fp32, bf16) or the engine's Q4_1 kernel, where
+    available (prepack=None); prepack=False keeps the plain products (PyTorch's int4 kernel for
+    q4_1). Output dtype: fp32 for fp32 and the engine's q4_1 kernel, bfloat16 for bf16 and
+    PyTorch's int4 kernel (the caller adds it to an fp32 residual, which promotes it).
     """
 
     def __init__(self, fmt: WeightFormat, weight: torch.Tensor, q4_blocks=None, prepack: bool | None = None):
@@ -156,7 +182,11 @@ class PackedLinear:
         self.out_features, self.in_features = weight.shape
         self.prepacked = False
         if self.format is WeightFormat.Q4_1:
-            self.tensors = pack_q4_1(*(q4_blocks or quantize_q4_1(weight)))  # (packed, scales_zeros)
+            blocks = q4_blocks or quantize_q4_1(weight)
+            self.q4 = q4_kernel() if prepack is not False and self.out_features % 16 == 0 else None
+            self.prepacked = self.q4 is not None
+            pack = pack_q4_1_native if self.prepacked else pack_q4_1
+            self.tensors = pack(*blocks)   # (nibbles, dm) or (packed, scales_zeros)
             return
         self.dtype = torch.float32 if self.format is WeightFormat.FP32 else torch.bfloat16
         self.prepacked = prepacking_available() if prepack is None else prepack
@@ -166,9 +196,11 @@ class PackedLinear:
     @property
     def min_rows(self) -> int:
         """The fewest rows a product runs with (fewer are padded with zero rows)."""
+        if self.format is WeightFormat.Q4_1:
+            return 1
         if self.prepacked:
             return PREPACKED_MIN_ROWS
-        return {WeightFormat.FP32: MIN_GEMM_ROWS, WeightFormat.BF16: BF16_MIN_ROWS}.get(self.format, 1)
+        return MIN_GEMM_ROWS if self.format is WeightFormat.FP32 else BF16_MIN_ROWS
 
     @property
     def nbytes(self) -> int:
@@ -177,7 +209,7 @@ class PackedLinear:
 
     def __call__(self, x):  # (N, in) -> (N, out)
         if self.format is WeightFormat.Q4_1:
-            return linear_q4(x, *self.tensors)
+            return self.q4.q4_matmul(x, *self.tensors) if self.prepacked else linear_q4(x, *self.tensors)
         if self.prepacked:
             return linear_prepacked(x.to(self.dtype), *self.tensors)
         if self.format is WeightFormat.FP32:

@@ -42,7 +42,7 @@ class Linear(nn.Module):
     def pack(self, fmt: WeightFormat, prepack: bool | None = None) -> None:
         self.kernel = PackedLinear(fmt, self.weight.detach(), prepack=prepack)
 
-    def forward(self, x):  # (N, in) -> (N, out): fp32, or bfloat16 for bf16 and q4_1
+    def forward(self, x):  # (N, in) -> (N, out): fp32, or bfloat16 for bf16 (and q4_1 on PyTorch's int4)
         if self.kernel is None:
             return linear(x, self.weight)
         return self.kernel(x)
@@ -208,7 +208,7 @@ class Transformer(nn.Module):
         elif isinstance(self.lm_head, PackedLinear):
             head = self.lm_head.nbytes
         else:
-            head = sum(t.nbytes for half in self.lm_head for t in half)
+            head = sum(half.nbytes for half in self.lm_head)
         return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + head
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None):

@@ -1,7 +1,7 @@
 """The decoder's layers in C++ (csrc/decoder.cpp), for the engine's steps: the same ATen
 operations as model.py, in the same order, and the same kernels of our own (csrc/kernels.h:
-attention, RMSNorm, rotary embedding, SwiGLU's product, which model.py calls too), so the same
-bits, without Python.
+attention, RMSNorm, rotary embedding, SwiGLU's product, Q4_1 products, which model.py calls too),
+so the same bits, without Python.
 
 A decode step of SmolLM2 is several hundred small tensor operations; through Python each costs a
 few microseconds more than the operation itself (profile in the README). Tracing or compiling the
@@ -30,7 +30,8 @@ from .gemm import Q4_GROUP
 
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
-           for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp")]
+           for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp",
+                         "q4_matmul.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from core.config import WeightFormat
-from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows,
-                       prepacking_available, q8_0_as_two_q4, quantize_q4_1)
+from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, dequantize_q4_1, linear_q4, linear_q8_0, pack_q4_1,
+                       pad_rows, prepacking_available, q4_kernel, q8_0_as_two_q4, quantize_q4_1)
 
-# (format, prepack): fp32 and bf16 both ways, q4_1 has one packing
-PRODUCTS = [("fp32", True), ("fp32", False), ("bf16", True), ("bf16", False), ("q4_1", None)]
+# (format, prepack): each format's fastest product here and its plain one
+PRODUCTS = [("fp32", True), ("fp32", False), ("bf16", True), ("bf16", False), ("q4_1", True), ("q4_1", False)]
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -35,6 +35,11 @@ def test_prepacking_is_available_here():
     assert PackedLinear("fp32", torch.ones(8, 16)).prepacked and PackedLinear("bf16", torch.ones(8, 16)).prepacked
 
 
+def test_the_q4_1_kernel_is_built_here():
+    """This machine's CPU has AVX-512 BF16 (as CI's): q4_1 runs the engine's own kernel."""
+    assert q4_kernel() is not None and PackedLinear("q4_1", torch.ones(16, 32)).prepacked
+
+
 @pytest.mark.parametrize("fmt,prepack", PRODUCTS)
 def test_every_format_computes_x_wt(fmt, prepack):
     g = torch.Generator().manual_seed(0)
@@ -43,7 +48,7 @@ def test_every_format_computes_x_wt(fmt, prepack):
     layer = PackedLinear(fmt, w, prepack=prepack)
     y = layer(x)
     assert y.shape == (7, 96)
-    assert y.dtype == (torch.float32 if fmt == "fp32" else torch.bfloat16)
+    assert y.dtype == (torch.float32 if fmt == "fp32" or (fmt, prepack) == ("q4_1", True) else torch.bfloat16)
     ref = x @ w.T
     tol = {WeightFormat.FP32: 1e-5, WeightFormat.BF16: 0.05, WeightFormat.Q4_1: 0.25}[WeightFormat(fmt)]
     assert (y.float() - ref).abs().max().item() < tol * ref.abs().max().item()
@@ -105,13 +110,33 @@ def test_packed_q4_1_multiplies_by_the_dequantized_weights():
     assert (w - dequantize_q4_1(q, d, m)).abs().max().item() < 0.02 * float(d.max()) * 16
 
 
-def test_q8_0_as_two_q4_products():
+def test_the_q4_1_kernel_computes_the_q4_1_weights():
+    """q4_matmul: the activations rounded to bfloat16 times w = d*q + m, to fp32 rounding (q is
+    exact in bfloat16, d and m are fp16 as in the GGUF file)."""
+    g = torch.Generator().manual_seed(3)
+    q, d, m = quantize_q4_1(torch.randn(64, 96, generator=g))
+    x = torch.randn(5, 96, generator=g)
+    layer = PackedLinear("q4_1", torch.empty(64, 96), q4_blocks=(q, d, m), prepack=True)
+    assert layer.prepacked and layer.nbytes == 64 * 96 // 2 + 64 * 96 // 32 * 2 * 2
+    ref = x.to(torch.bfloat16).float() @ dequantize_q4_1(q, d, m).T
+    assert (layer(x) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_the_q4_1_kernel_checks_its_inputs():
+    layer = PackedLinear("q4_1", torch.randn(32, 64), prepack=True)
+    with pytest.raises(RuntimeError, match="packed for 64"):
+        layer.q4.q4_matmul(torch.randn(2, 96), *layer.tensors)
+
+
+@pytest.mark.parametrize("prepack", [True, False])
+def test_q8_0_as_two_q4_products(prepack):
     g = torch.Generator().manual_seed(4)
     emb = torch.randn(256, 64, generator=g)
-    hi, lo = q8_0_as_two_q4(emb)
+    hi, lo = q8_0_as_two_q4(emb, prepack=prepack)
+    assert hi.prepacked == lo.prepacked == prepack
     x = torch.randn(3, 64, generator=g)
-    y = (linear_q4(x, *hi) + linear_q4(x, *lo)).float()
+    y = linear_q8_0(x, (hi, lo)).float()
     ref = x @ emb.T
     assert (y - ref).abs().max().item() < 0.03 * ref.abs().max().item()
-    one = (linear_q4(x[1:2], *hi) + linear_q4(x[1:2], *lo)).float()
+    one = linear_q8_0(x[1:2], (hi, lo)).float()
     assert torch.equal(one[0], y[1])

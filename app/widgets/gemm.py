@@ -105,7 +105,7 @@ def product(format: str, shape: dict):
     w = torch.randn(shape["n"], shape["k"]) * 0.02                    # (N, K)
     if format == "q4_1" and shape["name"] == "LM head":                # the Q8_0 embedding, as model.py runs it
         halves = q8_0_as_two_q4(w)
-        return (lambda x: linear_q8_0(x, halves)), sum(t.nbytes for half in halves for t in half)
+        return (lambda x: linear_q8_0(x, halves)), sum(half.nbytes for half in halves)
     layer = PackedLinear(WeightFormat(format), w)
     return layer, layer.nbytes
 

@@ -18,8 +18,8 @@ namespace {
 
 enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2 };
 
-// How gemm.PackedLinear multiplies, handed over by native.py: fp32 and bf16 weights prepacked
-// for oneDNN or plain, the fewest rows a product runs with (PackedLinear.min_rows), Q4_GROUP.
+// How gemm.PackedLinear multiplies, handed over by native.py: prepacked (fp32 and bf16 for oneDNN,
+// q4_1 for q4_matmul) or plain, the fewest rows a product runs with (PackedLinear.min_rows), Q4_GROUP.
 struct Products {
   bool prepacked;
   int64_t min_rows, q4_group;
@@ -46,10 +46,13 @@ at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
 
 // One linear layer's weight in the engine's format (gemm.PackedLinear) and its product.
 struct Linear {
-  std::vector<at::Tensor> w;  // fp32, bf16: (weight, maybe prepacked); q4_1: (packed, scales_zeros)
+  std::vector<at::Tensor> w;  // fp32, bf16: (weight, maybe prepacked); q4_1: two (gemm.PackedLinear)
 
   at::Tensor operator()(const at::Tensor& x, Format fmt, const Products& p) const {
-    if (fmt == Q4_1) return at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
+    if (fmt == Q4_1) {
+      return p.prepacked ? sendlens::q4_matmul(x, w[0], w[1])
+                         : at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
+    }
     const int64_t n = x.size(0);
     const at::Tensor padded = pad_rows(x.to(fmt == FP32 ? at::kFloat : at::kBFloat16), p.min_rows);
     return (p.prepacked ? linear_prepacked(padded, w[0]) : at::linear(padded, w[0])).slice(0, 0, n);
@@ -138,4 +141,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &sendlens::silu_mul, py::call_guard<py::gil_scoped_release>());
+  m.def("has_q4_matmul", &sendlens::has_q4_matmul);
+  m.def("q4_matmul", &sendlens::q4_matmul, py::call_guard<py::gil_scoped_release>());
 }

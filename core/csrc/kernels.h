@@ -1,5 +1,5 @@
 // The engine's own kernels: paged attention (paged_attention.cpp), RMSNorm (rms_norm.cpp), rotary
-// embedding (rotary.cpp) and SwiGLU's silu(gate) * up (silu_mul.cpp), each
+// embedding (rotary.cpp), SwiGLU's silu(gate) * up (silu_mul.cpp) and Q4_1 products (q4_matmul.cpp), each
 // computing every row on its own by construction, so that no result depends on the batch.
 #pragma once
 
@@ -33,5 +33,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 // silu(gate) * up from gate_up: (T, 2I) float or bfloat16 (gate first), I a multiple of 16 -> (T, I).
 at::Tensor silu_mul(const at::Tensor& gate_up);
+
+// Whether q4_matmul is built here (it needs AVX-512 BF16).
+bool has_q4_matmul();
+
+// x W^T for Q4_1 weights packed by gemm.pack_q4_1_bf16: x (M, K) float or bfloat16 (rounded to
+// bfloat16), nibbles (N/16, K/2, 16) uint8, dm (N/16, K/32, 2, 16) half -> (M, N) float.
+at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& dm);
 
 }  // namespace sendlens
