@@ -17,6 +17,12 @@ and sets torch's thread count to the free cores, rounded down (at least 1, at mo
 `max_threads`). One busy process on 2 cores gives 1 thread; when it stops, 2 again. Another
 process's load does not depend on our thread count, so the choice does not oscillate. Where
 /proc/stat does not exist (not Linux) the count stays at `max_threads`.
+
+A window in which the engine sat idle (its process used under IDLE_CORES) says little about now:
+a process that started at its end is averaged over the whole of it. So after such a window the
+engine decides again after only MIN_WINDOW_S: a request that arrives beside a process that has
+just started busy runs on the right number of threads within a few steps, not a tenth of a
+second of spinning threads later.
 """
 
 import os
@@ -25,6 +31,8 @@ import time
 import torch
 
 FREE_CORE_SLACK = 0.3   # a core counts as free if others leave at least 1 - this of it unused
+IDLE_CORES = 0.5        # a window in which this process used fewer cores than this: the engine idled
+MIN_WINDOW_S = 0.05     # the first window after idling (/proc/stat counts in 10 ms ticks)
 
 
 def cpus_we_may_use() -> set[int]:
@@ -62,7 +70,7 @@ class CpuShare:
     """Sets torch's thread count to the cores other processes leave free (see the module doc).
     Call update() before each engine step; it measures at most once per interval_s."""
 
-    def __init__(self, max_threads: int | None = None, interval_s: float = 0.25, stat_path: str = "/proc/stat"):
+    def __init__(self, max_threads: int | None = None, interval_s: float = 0.1, stat_path: str = "/proc/stat"):
         self.cpus = cpus_we_may_use()
         self.max_threads = max(1, min(max_threads or len(self.cpus), len(self.cpus)))
         self.interval_s = interval_s
@@ -71,6 +79,7 @@ class CpuShare:
         self.threads = self.max_threads
         torch.set_num_threads(self.threads)
         self._last = self._sample()
+        self._after_idle = True     # the next window may be short (MIN_WINDOW_S)
 
     def _sample(self):
         return time.monotonic(), read_busy_seconds(self.cpus, self.stat_path), own_cpu_seconds()
@@ -78,13 +87,14 @@ class CpuShare:
     def update(self) -> int:
         """-> the thread count for the next step (changed in torch when it changes)."""
         now = time.monotonic()
-        if now - self._last[0] < self.interval_s:
+        if now - self._last[0] < (MIN_WINDOW_S if self._after_idle else self.interval_s):
             return self.threads
         sample = self._sample()
         (t0, busy0, own0), (t1, busy1, own1) = self._last, sample
         self._last = sample
         if busy0 is None or busy1 is None:
             return self.threads
+        self._after_idle = own1 - own0 < IDLE_CORES * (t1 - t0)   # if so, decide again soon
         self.others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0)
         free = len(self.cpus) - self.others
         threads = max(1, min(self.max_threads, int(free + FREE_CORE_SLACK)))

@@ -52,12 +52,34 @@ def test_it_measures_once_per_interval_and_never_above_max_threads(monkeypatch, 
     machine = FakeMachine(monkeypatch, cpus=4)
     share = CpuShare(max_threads=2, interval_s=0.25)
     assert share.threads == 2
-    machine.run(0.1, ours=0, others=4)
+    machine.run(0.1, ours=2, others=0)
+    assert share.update() == 2                          # the first window may be short
+    machine.run(0.1, ours=1, others=4)
     assert share.update() == 2                          # too soon to measure again
-    machine.run(0.2, ours=0, others=4)
+    machine.run(0.2, ours=1, others=4)
     assert share.update() == 1
-    machine.run(1.0, ours=0, others=0)
+    machine.run(1.0, ours=2, others=0)
     assert share.update() == 2                          # max_threads, not the 4 cores
+
+
+def test_after_idling_it_decides_again_on_a_short_window(monkeypatch, restore_threads):
+    """A window the engine spent idle averages a process that just started over all of it; the
+    next decision comes after MIN_WINDOW_S of the engine's work, not a whole interval."""
+    machine = FakeMachine(monkeypatch, cpus=2)
+    share = CpuShare(max_threads=2, interval_s=0.1)
+    machine.run(0.06, ours=2, others=0)
+    assert share.update() == 2
+    machine.run(5.0, ours=0, others=0)                  # idle ...
+    machine.run(0.05, ours=0, others=1)                 # ... until a busy process starts
+    assert share.update() == 2 and share.others < 0.1   # diluted: one core for 1% of the window
+    machine.run(0.02, ours=1.5, others=1)
+    assert share.update() == 2                          # under MIN_WINDOW_S
+    machine.run(0.04, ours=1.3, others=1)
+    assert share.update() == 1 and torch.get_num_threads() == 1
+    machine.run(0.06, ours=1, others=1)
+    assert share.update() == 1                          # now once per interval_s again: too soon
+    machine.run(0.3, ours=2, others=0)                  # the busy process has stopped
+    assert share.update() == 2
 
 
 def test_without_proc_stat_the_count_stays(tmp_path, restore_threads):
