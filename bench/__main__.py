@@ -71,7 +71,7 @@ def plan(args) -> list[dict]:
     ]
     if not args.quick:
         scenarios.append(dict(name="prefill_4096", kind="prefill", args=(prompt(4096, 3),), rounds=1,
-                              unit="tok/s", skip={"ours fp32", "ours q4_1", "transformers fp32"}))
+                              unit="tok/s"))
     scenarios.append(dict(name="decode_1_contended", kind="decode", args=(prompt(32, 4), n), rounds=rounds,
                           unit="tok/s", only={"ours q4_1", "ours bf16", "llama.cpp Q4_1"}, competitors=1))
     for batch in ((8, 64) if args.quick else (8, 32, 64)):

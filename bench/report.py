@@ -60,6 +60,10 @@ def targets(data) -> list[dict]:
         hfb = value(data, scenario, "transformers bf16")
         out.append(target(f"{scenario.replace('_', ' ')}: best format vs transformers bf16",
                           v / hfb if v and hfb else None, goal, f"{f} / transformers bf16"))
+        peer, hf_best = best(data, scenario, PEERS[:2])
+        if v and hf_best and peer != "transformers bf16":   # a CPU without fast bfloat16: the fair peer
+            out.append(target(f"{scenario.replace('_', ' ')}: best format vs transformers' best here",
+                              v / hf_best, goal, f"{f} / {peer}"))
     threads = data["machine"]["threads"]
     share = threads / (threads + 1)  # one busy competitor: a fair scheduler gives each thread alike
     for fmt in ("ours q4_1", "ours bf16"):

@@ -14,17 +14,20 @@ every format bit for bit, alone against batched, with one and two threads.
   as it lies, about twice as fast for one row and a fifth faster for 64. oneDNN takes another
   kernel for a single row at some shapes (an input of 1,536 here), so rows are padded to
   PREPACKED_MIN_ROWS. bf16 keeps its weights in bfloat16, accumulates in fp32 (AVX512-BF16) and
-  rounds the result to bfloat16. Where PyTorch is built without oneDNN the products fall back
-  to plain ones: MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels for fp32 (a partial
+  rounds the result to bfloat16. oneDNN packs bfloat16 weights only where the CPU converts to
+  bfloat16 natively (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); elsewhere bf16 takes the plain product,
+  oneDNN's reference code (about 1 GFLOP/s on an AVX2-only Zen 3): a format for CPUs that have
+  the instructions. Where PyTorch is built without oneDNN the products fall back to plain ones: MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels for fp32 (a partial
   panel goes to another kernel), and for bf16 one row padded to BF16_MIN_ROWS. The plain
   padded sgemm is also `linear`, the product of unpacked fp32 weights (attention's torch path,
   the MoE router).
 - q4_1: the GGUF file's own 4-bit weights (llama.cpp's Q4_1: groups of 32 weights, w = d*q + m,
   q in 0..15, d and m in fp16). A quarter of bf16's bytes (plus d and m per 32 weights): the
-  fastest format for decode. Where the CPU has AVX-512 BF16, the engine's own kernel
-  (csrc/q4_matmul.cpp) multiplies them: per group, the activations in bfloat16 times q (exact in
-  bfloat16) in bfloat16-pair dot products, then d * that + m * the group's sum of activations,
-  accumulated in fp32. Two to three times PyTorch's int4 kernel for one row, twice for 64.
+  fastest format for decode. Where the CPU has AVX-512 BF16 or AVX2, the engine's own kernel
+  (csrc/q4_matmul.cpp) multiplies them: per group, the activations times q (exact), then
+  d * that + m * the group's sum of activations, accumulated in fp32; with AVX-512 BF16 the
+  activations are rounded to bfloat16 and summed in bfloat16-pair dot products, with AVX2 they stay
+  fp32 in FMA chains. Two to three times PyTorch's int4 kernel for one row, twice for 64.
   Elsewhere, PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, written for torchao's
   weight-only quantization) computes w = (q - 8) * scale + zero with scale = d and
   zero = m + 8d in bfloat16. Both are row-independent by construction: each output is one fixed
@@ -65,10 +68,14 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(pad_rows(x.to(torch.bfloat16), BF16_MIN_ROWS), weight)[:n]
 
 
-def prepacking_available() -> bool:
-    """Whether this PyTorch has oneDNN's prepacked linear (CPU builds with oneDNN do)."""
+def prepacking_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this PyTorch has oneDNN's prepacked linear (CPU builds with oneDNN do) for `dtype`:
+    fp32 everywhere, bfloat16 only where the CPU converts to it natively (AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT; oneDNN refuses to pack bfloat16 weights elsewhere)."""
     try:
-        return torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)
+        if not (torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)):
+            return False
+        return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
@@ -112,11 +119,18 @@ def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def q4_kernel():
     """The engine's own Q4_1 product (csrc/q4_matmul.cpp) where it is built and the CPU has
-    AVX-512 BF16, else None."""
+    AVX-512 BF16 or AVX2 (q4_kernel_isa() says which), else None."""
     from .native import extension   # here, not at the top: native.py imports this module
 
     ext = extension()
-    return ext if ext is not None and ext.has_q4_matmul() else None
+    return ext if ext is not None and ext.q4_matmul_isa() else None
+
+
+def q4_kernel_isa() -> str:
+    """"avx512bf16" (the activations rounded to bfloat16), "avx2" (fp32 activations), or "" where
+    the engine's Q4_1 kernel does not run here."""
+    ext = q4_kernel()
+    return ext.q4_matmul_isa() if ext is not None else ""
 
 
 def pack_q4_1_native(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +203,7 @@ class PackedLinear:
             self.tensors = pack(*blocks)   # (nibbles, dm) or (packed, scales_zeros)
             return
         self.dtype = torch.float32 if self.format is WeightFormat.FP32 else torch.bfloat16
-        self.prepacked = prepacking_available() if prepack is None else prepack
+        self.prepacked = prepacking_available(self.dtype) if prepack is None else prepack
         w = weight.to(self.dtype)
         self.tensors = (prepack_weight(w) if self.prepacked else w,)
 

@@ -84,10 +84,23 @@ def test_targets_are_ratios_of_medians():
     assert batch["measured"] == pytest.approx(450 / 250) and batch["met"] is False
     assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9)
     assert found["prefill 4096: best format vs transformers bf16"]["measured"] is None
+    assert "prefill 512: best format vs transformers' best here" not in found   # bf16 is its best here
     share = found["beside a busy process: ours q4_1 keeps its CPU share"]
     assert share["measured"] == pytest.approx((85 / 110) / (2 / 3))
     roof = found["decode alone vs the memory-bandwidth limit"]
     assert roof["measured"] == pytest.approx(110 / (50e9 / 100e6))
+
+
+def test_prefill_is_also_held_against_transformers_best_where_bf16_is_slow():
+    """On a CPU without fast bfloat16, transformers fp32 beats its bf16: the target line against
+    bf16 stays (the issue's), and one against transformers' best sits beside it."""
+    data = fake_results()
+    data["results"]["prefill_512"]["transformers fp32"] = {"runs": [2000], "load": [0.5]}
+    summarize(data["results"]["prefill_512"]["transformers fp32"])
+    found = {t["target"]: t for t in report.targets(data)}
+    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9)
+    fair = found["prefill 512: best format vs transformers' best here"]
+    assert fair["measured"] == pytest.approx(900 / 2000) and fair["how"] == "ours q4_1 / transformers fp32"
 
 
 def test_markdown_table_and_readme_section(tmp_path):

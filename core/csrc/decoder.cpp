@@ -141,6 +141,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &sendlens::silu_mul, py::call_guard<py::gil_scoped_release>());
-  m.def("has_q4_matmul", &sendlens::has_q4_matmul);
+  m.def("q4_matmul_isa", &sendlens::q4_matmul_isa);
   m.def("q4_matmul", &sendlens::q4_matmul, py::call_guard<py::gil_scoped_release>());
 }

@@ -34,11 +34,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 // silu(gate) * up from gate_up: (T, 2I) float or bfloat16 (gate first), I a multiple of 16 -> (T, I).
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
-// Whether q4_matmul is built here (it needs AVX-512 BF16).
-bool has_q4_matmul();
+// The instruction set q4_matmul is built for here: "avx512bf16" (x rounded to bfloat16), "avx2"
+// (x in fp32), or "" where the CPU has neither (then q4_matmul refuses to run).
+std::string q4_matmul_isa();
 
-// x W^T for Q4_1 weights packed by gemm.pack_q4_1_bf16: x (M, K) float or bfloat16 (rounded to
-// bfloat16), nibbles (N/16, K/2, 16) uint8, dm (N/16, K/32, 2, 16) half -> (M, N) float.
+// x W^T for Q4_1 weights packed by gemm.pack_q4_1_native: x (M, K) float or bfloat16,
+// nibbles (N/16, K/4, 32) uint8, dm (N/16, K/32, 2, 16) half -> (M, N) float.
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& dm);
 
 }  // namespace sendlens

@@ -1,5 +1,6 @@
 // Sixteen floats and the operations the kernels use: AVX-512 where the compiler targets it
-// (native.py builds with -march=native), else the same arithmetic lane by lane.
+// (native.py builds with -march=native), else two AVX2 halves, else the same arithmetic lane by
+// lane. The AVX2 and lane-by-lane versions give the same bits (reduce_add sums in the same tree).
 #pragma once
 
 #include <algorithm>
@@ -7,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -36,6 +37,55 @@ inline Vec first(Vec a, int64_t n, float fill) {  // lanes n.. set to fill
 }
 inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
 inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+struct Vec {  // lanes 0-7 in lo, 8-15 in hi
+  __m256 lo, hi;
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Vec set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, lo); _mm256_storeu_ps(p + 8, hi); }
+};
+#define SENDLENS_HALVES(op) return {op(a.lo, b.lo), op(a.hi, b.hi)};
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline Vec operator+(Vec a, Vec b) { SENDLENS_HALVES(_mm256_add_ps) }
+inline Vec operator-(Vec a, Vec b) { SENDLENS_HALVES(_mm256_sub_ps) }
+inline Vec operator*(Vec a, Vec b) { SENDLENS_HALVES(_mm256_mul_ps) }
+inline Vec operator/(Vec a, Vec b) { SENDLENS_HALVES(_mm256_div_ps) }
+inline Vec max(Vec a, Vec b) { return {_mm256_max_ps(b.lo, a.lo), _mm256_max_ps(b.hi, a.hi)}; }  // as std::max(a, b)
+#undef SENDLENS_HALVES
+inline Vec round(Vec a) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+// a * 2^n for whole n >= -126 (exp() keeps it there): powers of two built from their exponent
+// bits, 2^min(n, 127) and then 2^min(n - that, 127), each product exact or rounded once (as ldexp
+// rounds a subnormal result; a * 2^n beyond 2^254 is infinite for the a exp() has, as in ldexp).
+inline __m256 scale2_half(__m256 a, __m256 n) {
+  const auto pow2 = [](__m256 m) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(m), _mm256_set1_epi32(127)), 23));
+  };
+  const __m256 most = _mm256_set1_ps(127.0f), first = _mm256_min_ps(n, most);
+  return _mm256_mul_ps(_mm256_mul_ps(a, pow2(first)), pow2(_mm256_min_ps(_mm256_sub_ps(n, first), most)));
+}
+inline Vec scale2(Vec a, Vec n) { return {scale2_half(a.lo, n.lo), scale2_half(a.hi, n.hi)}; }
+inline Vec first(Vec a, int64_t n, float fill) {  // lanes n.. set to fill
+  const __m256i count = _mm256_set1_epi32(static_cast<int32_t>(std::min<int64_t>(n, LANES)));
+  const __m256i lo = _mm256_cmpgt_epi32(count, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i hi = _mm256_cmpgt_epi32(count, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15));
+  const __m256 f = _mm256_set1_ps(fill);
+  return {_mm256_blendv_ps(f, a.lo, _mm256_castsi256_ps(lo)), _mm256_blendv_ps(f, a.hi, _mm256_castsi256_ps(hi))};
+}
+inline float reduce_max(Vec a) {
+  __m256 m = _mm256_max_ps(a.lo, a.hi);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+inline float reduce_add(Vec a) {  // a fixed tree, halves first (the lane-by-lane one's order)
+  const __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 #else
 struct Vec {  // the same arithmetic, lane by lane, where AVX-512 is not available
   float f[LANES];
@@ -91,6 +141,24 @@ inline void store_bf16(Vec a, uint16_t* p) {
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline Vec load_bf16(const uint16_t* p) {
+  const auto half = [](const uint16_t* q) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  };
+  return {half(p), half(p + 8)};
+}
+inline void store_bf16(Vec a, uint16_t* p) {
+  const auto rounded = [](__m256 h) {
+    const __m256i bits = _mm256_castps_si256(h);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  };
+  // packus interleaves the halves by 128-bit lane; the permute puts lanes 0-7 before 8-15
+  const __m256i packed = _mm256_packus_epi32(rounded(a.lo), rounded(a.hi));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xD8));
 }
 #else
 inline Vec load_bf16(const uint16_t* p) {
