@@ -17,17 +17,20 @@ every format bit for bit, alone against batched, with one and two threads.
   rounds the result to bfloat16. oneDNN packs bfloat16 weights only where the CPU converts to
   bfloat16 natively (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); elsewhere bf16 takes the plain product,
   oneDNN's reference code (about 1 GFLOP/s on an AVX2-only Zen 3): a format for CPUs that have
-  the instructions. Where PyTorch is built without oneDNN the products fall back to plain ones: MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels for fp32 (a partial
-  panel goes to another kernel), and for bf16 one row padded to BF16_MIN_ROWS. The plain
+  the instructions. Where PyTorch is built without oneDNN the products fall back to plain ones:
+  MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels for fp32 (a partial panel goes to another
+  kernel), and for bf16 one row padded to BF16_MIN_ROWS. The plain
   padded sgemm is also `linear`, the product of unpacked fp32 weights (attention's torch path,
   the MoE router).
 - q4_1: the GGUF file's own 4-bit weights (llama.cpp's Q4_1: groups of 32 weights, w = d*q + m,
   q in 0..15, d and m in fp16). A quarter of bf16's bytes (plus d and m per 32 weights): the
   fastest format for decode. Where the CPU has AVX-512 BF16 or AVX2, the engine's own kernel
   (csrc/q4_matmul.cpp) multiplies them: per group, the activations times q (exact), then
-  d * that + m * the group's sum of activations, accumulated in fp32; with AVX-512 BF16 the
-  activations are rounded to bfloat16 and summed in bfloat16-pair dot products, with AVX2 they stay
-  fp32 in FMA chains. Two to three times PyTorch's int4 kernel for one row, twice for 64.
+  d * that + m * the group's sum of activations, accumulated in fp32. With AVX-512 BF16 the
+  activations are rounded to bfloat16 and summed in bfloat16-pair dot products; with AVX2 they are
+  rounded to 16-bit integers per group of 32 (at most 2^-16 of the group's largest off) and summed
+  exactly in 32-bit integers (VPMADDWD). Two to three times PyTorch's int4 kernel for one row,
+  twice for 64.
   Elsewhere, PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, written for torchao's
   weight-only quantization) computes w = (q - 8) * scale + zero with scale = d and
   zero = m + 8d in bfloat16. Both are row-independent by construction: each output is one fixed
@@ -127,8 +130,8 @@ def q4_kernel():
 
 
 def q4_kernel_isa() -> str:
-    """"avx512bf16" (the activations rounded to bfloat16), "avx2" (fp32 activations), or "" where
-    the engine's Q4_1 kernel does not run here."""
+    """"avx512bf16" (the activations rounded to bfloat16), "avx2" (rounded to 16-bit integers per
+    group of 32), or "" where the engine's Q4_1 kernel does not run here."""
     ext = q4_kernel()
     return ext.q4_matmul_isa() if ext is not None else ""
 

@@ -154,8 +154,10 @@ def test_the_q4_1_kernel_checks_its_inputs():
         layer.q4.q4_matmul(torch.randn(2, 96), *layer.tensors)
 
 
-@pytest.mark.parametrize("prepack", [pytest.param(True, marks=pytest.mark.skipif(not q4_kernel_isa(), reason="no Q4_1 kernel")),
-                                     False])
+NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
+
+
+@pytest.mark.parametrize("prepack", [pytest.param(True, marks=NO_Q4_KERNEL), False])
 def test_q8_0_as_two_q4_products(prepack):
     g = torch.Generator().manual_seed(4)
     emb = torch.randn(256, 64, generator=g)

@@ -35,7 +35,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
 // The instruction set q4_matmul is built for here: "avx512bf16" (x rounded to bfloat16), "avx2"
-// (x in fp32), or "" where the CPU has neither (then q4_matmul refuses to run).
+// (x rounded to 16-bit integers per group of 32), or "" where the CPU has neither (then
+// q4_matmul refuses to run).
 std::string q4_matmul_isa();
 
 // x W^T for Q4_1 weights packed by gemm.pack_q4_1_native: x (M, K) float or bfloat16,
