@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .config import WeightFormat
 from .errors import InvalidParameter
 from .gemm import linear
 from .moe import Experts, MoEMLP, check_top_k, combine, grouped, route
@@ -45,14 +46,17 @@ def layer_tensors(mlp: MoEMLP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def rank_main(rank: int, world_size: int, x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor,
-              down: torch.Tensor, top_k: int, repeats: int) -> dict:
+              down: torch.Tensor, top_k: int, repeats: int, weight_format: str | None = None) -> dict:
     """The target of every worker: x (T, C) is the whole batch (the rank takes its share),
-    router/gate_up/down the whole layer (the rank keeps its experts)."""
+    router/gate_up/down the whole layer (the rank keeps its experts), weight_format the experts'
+    packing in the process that asked (None: unpacked), so that both multiply alike."""
     E, C = router.shape
     per = E // world_size
     first = rank * per                                                    # its experts: first .. first+per-1
     local = Experts(per, C, down.shape[2])
     local.load_state_dict({"gate_up": gate_up[first:first + per], "down": down[first:first + per]}, assign=True)
+    if weight_format is not None:
+        local.pack(WeightFormat(weight_format))
     shard = x.tensor_split(world_size)[rank]                              # (Tr, C) its tokens
     T = shard.shape[0]
     times = {p: [] for p in PHASES}
@@ -100,7 +104,9 @@ def worker_group(x: torch.Tensor, mlp: MoEMLP, top_k: int, world_size: int, repe
     # copies: pickling a tensor for a spawned process moves its storage into shared memory, and the
     # model's own weights should stay where they are; the copies are freed with the group
     tensors = tuple(t.clone() for t in (x.detach(), *layer_tensors(mlp)))
-    return WorkerGroup(rank_main, world_size, (*tensors, top_k, repeats), timeout_s=timeout_s, budget=budget)
+    kernels = mlp.experts.kernels
+    fmt = kernels[0][0].format.value if kernels else None      # the same products as this process's
+    return WorkerGroup(rank_main, world_size, (*tensors, top_k, repeats, fmt), timeout_s=timeout_s, budget=budget)
 
 
 def summarize(results: list[dict]) -> dict:

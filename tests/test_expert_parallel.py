@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from core.config import ModelConfig
+from core.config import ModelConfig, WeightFormat
 from core.errors import InvalidParameter
 from core.expert_parallel import PHASES, rank_main, run, summarize, worker_group
 from core.moe import MoEMLP, route
@@ -24,15 +24,20 @@ def random_layer(experts: int = 16, k: int = 2, hidden: int = 64, width: int = 1
     return mlp.requires_grad_(False)
 
 
-@pytest.mark.parametrize("world_size,top_k,tokens", [(2, 2, 37), (4, 4, 50)])
-def test_expert_parallel_equals_one_process(world_size, top_k, tokens):
-    mlp = random_layer()
+@pytest.mark.parametrize("world_size,top_k,tokens,fmt", [(2, 2, 37, None), (4, 4, 50, None), (2, 2, 37, "fp32"),
+                                                        (4, 4, 50, "q4_1")])
+def test_expert_parallel_equals_one_process(world_size, top_k, tokens, fmt):
+    """Unpacked experts, or packed as a served model's are (fp32 prepacked for oneDNN, q4_1): the
+    workers pack theirs alike, so the output is the layer's in one process, bit for bit."""
+    mlp = random_layer(width=128 if fmt != "q4_1" else 512)    # q4_1: experts of 32 units at least
+    if fmt is not None:
+        mlp.experts.pack(WeightFormat(fmt))
     x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(1))
     group = worker_group(x, mlp, top_k, world_size, repeats=2, timeout_s=90)
     r = summarize(group.run())
     assert group.procs == [] and not any(alive(p) for p in r["pids"])
     expected = mlp(x, top_k=top_k)
-    assert (r["output"] - expected).abs().max().item() <= 1e-6
+    assert torch.equal(torch.as_tensor(r["output"]), expected)
     # the dispatch is the routing: rank i sent rank j as many rows as i's tokens chose j's experts
     chosen = route(mlp.router(x), top_k)
     per = 16 // world_size
