@@ -18,6 +18,7 @@ def cpu_flags() -> set[str]:
 # oneDNN packs bfloat16 weights only where the CPU converts to bfloat16 natively
 BF16_PACKS = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 NO_BF16_PACKING = pytest.mark.skipif(not BF16_PACKS, reason="oneDNN packs no bfloat16 weights on this CPU")
+NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
 
 # (format, prepack): each format's fastest product here and its plain one
 PRODUCTS = [("fp32", True), ("fp32", False), pytest.param("bf16", True, marks=NO_BF16_PACKING), ("bf16", False),
@@ -87,7 +88,7 @@ def test_rows_are_batch_invariant_in_every_format(threads, fmt, prepack, shape):
 
 def test_prepacked_weights_keep_their_size_and_pad_one_row():
     w = torch.randn(96, 64)
-    for fmt, size in (("fp32", 4), ("bf16", 2))[:2 if BF16_PACKS else 1]:
+    for fmt, size in [("fp32", 4)] + ([("bf16", 2)] if BF16_PACKS else []):
         layer = PackedLinear(fmt, w, prepack=True)
         assert layer.nbytes == 96 * 64 * size and layer.min_rows == PREPACKED_MIN_ROWS
     assert PackedLinear("fp32", w, prepack=False).min_rows == 4
@@ -126,7 +127,7 @@ def test_packed_q4_1_multiplies_by_the_dequantized_weights():
     assert (w - dequantize_q4_1(q, d, m)).abs().max().item() < 0.02 * float(d.max()) * 16
 
 
-@pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
+@NO_Q4_KERNEL
 def test_the_q4_1_kernel_computes_the_q4_1_weights():
     """q4_matmul: the activations times w = d*q + m (q exact, d and m fp16 as in the GGUF file), to
     fp32 rounding, with the activations rounded as the kernel rounds them: to bfloat16 (AVX-512
@@ -147,14 +148,11 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights():
         assert (layer(x).double() - ref).abs().max().item() > 0      # rounded, not exact
 
 
-@pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
+@NO_Q4_KERNEL
 def test_the_q4_1_kernel_checks_its_inputs():
     layer = PackedLinear("q4_1", torch.randn(32, 64), prepack=True)
     with pytest.raises(RuntimeError, match="packed for 64"):
         layer.q4.q4_matmul(torch.randn(2, 96), *layer.tensors)
-
-
-NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
 
 
 @pytest.mark.parametrize("prepack", [pytest.param(True, marks=NO_Q4_KERNEL), False])

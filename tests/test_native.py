@@ -36,8 +36,8 @@ def test_cpp_and_python_give_the_same_bits_tiny(make_tiny_engine, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cpp_and_python_give_the_same_bits_without_prepacking(make_tiny_engine, monkeypatch, fmt):
-    """Where PyTorch has no oneDNN, or the CPU no AVX-512 BF16, the products are the plain ones
-    (PyTorch's int4 kernel for q4_1), in C++ as in Python."""
+    """Where PyTorch has no oneDNN, or the CPU neither AVX-512 BF16 nor AVX2, the products are the
+    plain ones (PyTorch's int4 kernel for q4_1), in C++ as in Python."""
     monkeypatch.setattr("core.gemm.prepacking_available", lambda dtype=None: False)
     monkeypatch.setattr("core.gemm.q4_kernel", lambda: None)
     assert not make_tiny_engine(weight_format=fmt).model.layers[0].mlp.down_proj.kernel.prepacked
