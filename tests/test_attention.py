@@ -178,20 +178,23 @@ def test_paged_attention_matches_contiguous_attention(path, bs):
         assert torch.equal(values[tables[s]].flatten(0, 1)[: lens[s]], vs[s])  # in its sequence's blocks
 
 
+@pytest.mark.parametrize("heads", [(9, 3), (4, 1)], ids=["GQA", "MQA"])
 @pytest.mark.parametrize("bs", [1, 4, 16, 32])
-def test_the_kernel_computes_each_row_on_its_own(threads, bs):
+def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads):
     """The C++ kernel's promise (csrc/paged_attention.cpp): a token's output has the same bits
-    whatever else is computed with it: its sequence's other queries, other sequences, threads."""
+    whatever else is computed with it: its sequence's other queries, other sequences, threads.
+    The late decodes run on both threads: one work item per KV head (GQA), or one per query head
+    where there are fewer KV heads than threads (MQA)."""
     kernel = kernel_or_torch("kernel")
     g = torch.Generator().manual_seed(6)
-    H, Hkv, D, n = 9, 3, 64, 70
+    (H, Hkv), D, n = heads, 64, 300
     cache = KVCache(1, 2 * (-(-n // bs)) + 2, bs, Hkv, D)
     tables = [list(range(1, 1 + -(-n // bs))), list(range(1 + -(-n // bs), 1 + 2 * -(-n // bs)))]
     q = torch.randn(2 * n, H, D, generator=g)
     k, v = torch.randn(2 * n, Hkv, D, generator=g), torch.randn(2 * n, Hkv, D, generator=g)
     whole = paged_batch(cache, tables, [(0, 0, n), (1, 0, n)], kernel)
     full = paged_attention(q, k, v, 0, whole)                     # both sequences in one step
-    for t in (0, 1, 15, 16, 17, 40, n - 1):
+    for t in (0, 1, 15, 16, 17, 40, 150, n - 1):
         for s in (0, 1):
             alone = paged_batch(cache, tables, [(s, t, 1)], kernel)
             row = s * n + t

@@ -320,11 +320,12 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   float* op = out.data_ptr<float>();
   const int64_t tiles = static_cast<int64_t>(starts.size()) - 1, G = H / Hkv;
   // Items run heaviest first (the last tokens of a chunk read the most keys), taken one at a
-  // time by whichever thread is free. A decode of one request is split further, one query head
-  // per item, so that both threads have work; a tiny step stays on one thread. Which thread
-  // computes a row, and with which other rows, never changes its bits.
-  const int threads = work * H < 2048 ? 1 : at::get_num_threads();
-  const int64_t parts = tiles * Hkv < 4 * threads ? G : 1, per_part = G / parts;
+  // time by whichever thread is free; a tiny step stays on one thread. An item takes every query
+  // head of its KV head: a row's chains wait on their own multiply-adds, so a few rows cost about
+  // what one does. Only where there are fewer items than threads is an item split, one query head
+  // each. Which thread computes a row, and with which other rows, never changes its bits.
+  const int threads = work * H < 1024 ? 1 : at::get_num_threads();
+  const int64_t parts = tiles * Hkv < threads ? G : 1, per_part = G / parts;
   const int64_t items = tiles * Hkv * parts;
   std::exception_ptr failure;
 #pragma omp parallel num_threads(threads) if (threads > 1)
