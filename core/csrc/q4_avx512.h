@@ -27,12 +27,14 @@ struct Rows {
   int64_t K;
   at::Tensor x;            // (M, K) bfloat16
   std::vector<float> sum;  // (M, K/32): each group's sum of x, for the m term
-  const uint16_t* row(int64_t r) const { return reinterpret_cast<const uint16_t*>(x.data_ptr()) + r * K; }
+  const uint16_t* data = nullptr;  // x's, taken once (data_ptr checks the tensor on every call)
+  const uint16_t* row(int64_t r) const { return data + r * K; }
 };
 
 inline Rows prepare(const at::Tensor& x_in) {
   const int64_t M = x_in.size(0), K = x_in.size(1), K32 = K / 32;
   Rows rows{K, x_in.to(at::kBFloat16).contiguous(), std::vector<float>(M * K32)};
+  rows.data = reinterpret_cast<const uint16_t*>(rows.x.data_ptr());
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint16_t* v = rows.row(r);
