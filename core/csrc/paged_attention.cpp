@@ -147,8 +147,11 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
                  int64_t g0, int64_t Gs, int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
                  std::vector<float>& scratch) {
   constexpr int64_t D = LANES * ND;
-  constexpr int MR = 8;  // rows scored together
-  constexpr int NR = 6;  // rows weighing values together
+  // Rows scored together (one accumulator each) and rows weighing values together (ND each), as
+  // many as stay in registers: AVX-512 8 and 6, AVX2 6 and 1 for D = 64 (a spilled accumulator
+  // costs a load and a store per multiply-add). Tiling never changes a row's bits.
+  constexpr int MR = std::min(8, ACC_VECS);
+  constexpr int NR = static_cast<int>(std::clamp<int64_t>(ACC_VECS / ND, 1, 6));
   constexpr int64_t KEY_BLOCK = 128;
   const int64_t R = (t1 - t0) * Gs;  // rows (token i, head g0 + g) = i * Gs + g
   // A few rows (a decode) read each block once, from memory: ask for the next one ahead. Many

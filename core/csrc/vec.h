@@ -17,6 +17,7 @@ namespace sendlens {
 constexpr int64_t LANES = 16;
 
 #ifdef __AVX512F__
+constexpr int ACC_VECS = 24;  // Vecs a loop can keep as accumulators in registers (32 zmm)
 struct Vec {
   __m512 v;
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -38,6 +39,7 @@ inline Vec first(Vec a, int64_t n, float fill) {  // lanes n.. set to fill
 inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
 inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
 #elif defined(__AVX2__) && defined(__FMA__)
+constexpr int ACC_VECS = 6;   // 12 of the 16 ymm registers, two per Vec; more spill to the stack
 struct Vec {  // lanes 0-7 in lo, 8-15 in hi
   __m256 lo, hi;
   static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -87,6 +89,7 @@ inline float reduce_add(Vec a) {  // a fixed tree, halves first (the lane-by-lan
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #else
+constexpr int ACC_VECS = 6;
 struct Vec {  // the same arithmetic, lane by lane, where AVX-512 is not available
   float f[LANES];
   static Vec load(const float* p) { Vec r; for (int i = 0; i < LANES; ++i) r.f[i] = p[i]; return r; }
