@@ -10,7 +10,7 @@ forward written out once more, in C++, operation for operation, and a test holds
 one bit for bit in every weight format.
 
 It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute),
-for this machine's CPU (-march=native: the attention kernel is written for AVX-512, with a
+for this machine's CPU (-march=native: the kernels are written for AVX-512 and AVX2, with a
 lane-by-lane fallback) and cached under torch's extensions directory. A model with experts runs
 model.py's Python with the kernels. Where the extension cannot be built, the engine runs
 model.py's Python with attention.py's torch path (batch-invariant too, slower; it rounds

@@ -20,21 +20,19 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   at::Tensor out = at::empty({T, I}, gate_up.options());
   const Vec one = Vec::set1(1.0f), minus = Vec::set1(-1.0f);
   // the pointers once: data_ptr checks the tensor on every call, and this loop is per 16 values
-  const uint16_t* in16 = bf16 ? reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()) : nullptr;
-  uint16_t* out16 = bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
-  const float* in32 = bf16 ? nullptr : gate_up.data_ptr<float>();
-  float* out32 = bf16 ? nullptr : out.data_ptr<float>();
+  const void* in = gate_up.data_ptr();
+  void* o = out.data_ptr();
   at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = 0; i < I; i += LANES) {
         if (bf16) {
-          const uint16_t* row = in16 + t * 2 * I;
+          const uint16_t* row = static_cast<const uint16_t*>(in) + t * 2 * I;
           const Vec g = load_bf16(row + i), u = load_bf16(row + I + i);
-          store_bf16(g / (one + exp(g * minus)) * u, out16 + t * I + i);
+          store_bf16(g / (one + exp(g * minus)) * u, static_cast<uint16_t*>(o) + t * I + i);
         } else {
-          const float* row = in32 + t * 2 * I;
+          const float* row = static_cast<const float*>(in) + t * 2 * I;
           const Vec g = Vec::load(row + i), u = Vec::load(row + I + i);
-          (g / (one + exp(g * minus)) * u).store(out32 + t * I + i);
+          (g / (one + exp(g * minus)) * u).store(static_cast<float*>(o) + t * I + i);
         }
       }
     }
