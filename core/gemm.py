@@ -156,25 +156,60 @@ def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     return packed, scales_zeros.to(torch.bfloat16).contiguous()
 
 
-def q8_0_as_two_q4(weight: torch.Tensor, prepack: bool | None = None) -> tuple["PackedLinear", "PackedLinear"]:
-    """An 8-bit matrix (llama.cpp's Q8_0: w = d*q per group of 32, q in -127..127) as two 4-bit
-    ones: q = 16*hi + lo with hi in -8..7 and lo in 0..15, so w = 16d*hi + d*lo. SmolLM2's
-    embedding is Q8_0 in the GGUF, and re-quantizing its fp32 values finds the same d and q.
-    -> (the q4_1 layer of 16d*hi, of d*lo), each with PackedLinear's `prepack`."""
+# -- the Q8_0 format (the LM head of q4_1) -------------------------------------------------------
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_0 of a float matrix (out, in): -> q (out, in) int8 in -127..127 and d
+    (out, in/32) fp32 (fp16 values), w ~ d*q per group of 32. SmolLM2's embedding is Q8_0 in the
+    GGUF file, and re-quantizing its fp32 values finds the same d and q."""
     V, C = weight.shape
     groups = weight.float().reshape(V, C // Q4_GROUP, Q4_GROUP)
     d = (groups.abs().amax(-1) / 127).half().float()                    # (V, C/32)
-    q = (groups / d.clamp_min(1e-12)[..., None]).round().clamp(-127, 127).to(torch.int32)
-    hi, lo = (q >> 4).reshape(V, C), (q & 15).reshape(V, C)
-    return (PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(hi + 8, 16 * d, -8 * 16 * d), prepack=prepack),
-            PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(lo, d, torch.zeros_like(d)), prepack=prepack))
+    q = (groups / d.clamp_min(1e-12)[..., None]).round().clamp(-127, 127)
+    return q.reshape(V, C).to(torch.int8), d
 
 
-def linear_q8_0(x: torch.Tensor, halves) -> torch.Tensor:
-    """x (N, in) times a q8_0_as_two_q4 matrix: the two 4-bit products, summed -> (N, out), in
-    their dtype. Rows independent, as each product's are."""
-    hi, lo = halves
-    return hi(x) + lo(x)
+def pack_q8_0_native(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 blocks -> the layout q8_matmul reads, per panel of 16 output columns: q (out/16, in/2,
+    32) int8, byte b of unit u holding column b/2's q at k = 2u + b%2, and d (out/16, in/32, 16)
+    fp16."""
+    N, K = q.shape
+    qp = q.view(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).reshape(N // 16, K // 2, 32).contiguous()
+    return qp, d.view(N // 16, 16, K // Q4_GROUP).transpose(1, 2).half().contiguous()
+
+
+class PackedQ8_0:
+    """A matrix in Q8_0 and its row-independent product: the engine's kernel (csrc/q8_matmul.cpp,
+    one pass over the 8-bit weights, exact integer sums per group) where it runs (AVX2), else two
+    4-bit products, since q = 16*hi + lo with hi in -8..7 and lo in 0..15 makes w = 16d*hi + d*lo:
+    the q4_1 layers of 16d*hi and of d*lo, summed (PyTorch's int4 kernel; 35 MB for SmolLM2's
+    head where the 8-bit pass reads 30). prepack=False takes the two 4-bit products everywhere."""
+
+    def __init__(self, weight: torch.Tensor, prepack: bool | None = None):
+        self.out_features, self.in_features = weight.shape
+        q, d = quantize_q8_0(weight)
+        ext = q4_kernel() if prepack is not False and self.out_features % 16 == 0 else None
+        self.q8 = ext if ext is not None and ext.q8_matmul_available() else None
+        self.prepacked = self.q8 is not None
+        if self.prepacked:
+            self.tensors = pack_q8_0_native(q, d)
+            return
+        q = q.to(torch.int32)
+        hi, lo = (q >> 4) + 8, q & 15                                   # q = 16*(hi - 8) + lo
+        self.halves = (PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(hi, 16 * d, -8 * 16 * d), prepack=prepack),
+                       PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(lo, d, torch.zeros_like(d)), prepack=prepack))
+        self.tensors = tuple(t for half in self.halves for t in half.tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads from memory for the weight."""
+        return sum(t.nbytes for t in self.tensors)
+
+    def __call__(self, x):  # (N, in) -> (N, out): fp32 from the kernel, bfloat16 from the halves
+        if self.prepacked:
+            return self.q8.q8_matmul(x, *self.tensors)
+        hi, lo = self.halves
+        return hi(x) + lo(x)
 
 
 def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

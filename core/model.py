@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .attention import PagedBatch, causal_attention, paged_attention
 from .config import ModelConfig, WeightFormat
-from .gemm import PackedLinear, linear, linear_q8_0, q8_0_as_two_q4
+from .gemm import PackedLinear, PackedQ8_0, linear
 from .moe import Experts, MoEMLP
 
 
@@ -157,7 +157,7 @@ class Transformer(nn.Module):
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         self.weight_format = WeightFormat.FP32
         self.lm_head_candidates = 0
-        self.lm_head = None  # once packed: a PackedLinear (fp32, bf16), or q4_1's two 4-bit halves
+        self.lm_head = None  # once packed: a PackedLinear (fp32, bf16), or for q4_1 the file's Q8_0 (PackedQ8_0)
         self.native = None   # the same layers in C++ for the engine's paged batches (native.py), if built
 
     @classmethod
@@ -182,7 +182,7 @@ class Transformer(nn.Module):
             if isinstance(module, (Linear, Experts)):
                 module.pack(fmt)
         emb = self.embed_tokens.weight
-        self.lm_head = q8_0_as_two_q4(emb) if fmt is WeightFormat.Q4_1 else PackedLinear(fmt, emb)
+        self.lm_head = PackedQ8_0(emb) if fmt is WeightFormat.Q4_1 else PackedLinear(fmt, emb)
 
     def use_kernels(self, ext) -> None:
         """Normalize, rotate and gate with the engine's kernels (native.kernels(); None: torch's),
@@ -203,12 +203,7 @@ class Transformer(nn.Module):
         """Bytes of weights one decode step of a dense model reads: every linear layer's in its
         format, and the LM head's (the tied embedding, or its packed copy)."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
-        if self.lm_head is None:
-            head = self.embed_tokens.weight.nbytes
-        elif isinstance(self.lm_head, PackedLinear):
-            head = self.lm_head.nbytes
-        else:
-            head = sum(half.nbytes for half in self.lm_head)
+        head = self.embed_tokens.weight.nbytes if self.lm_head is None else self.lm_head.nbytes
         return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + head
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None):
@@ -226,11 +221,7 @@ class Transformer(nn.Module):
             return linear(hidden, emb)
         if self.weight_format is WeightFormat.FP32:
             return self.lm_head(hidden)
-        if self.weight_format is WeightFormat.BF16:
-            approx = self.lm_head(hidden)                                 # (N, V), rows independent
-        else:
-            approx = linear_q8_0(hidden, self.lm_head)                     # (N, V), rows independent
-        logits = approx.float()
+        logits = self.lm_head(hidden).float()                             # (N, V), rows independent
         k = min(self.lm_head_candidates, logits.shape[-1])
         if k:
             top = logits.topk(k, dim=-1, sorted=False).indices           # (N, k)

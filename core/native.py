@@ -31,7 +31,7 @@ from .gemm import Q4_GROUP
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
            for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp",
-                         "q4_matmul.cpp")]
+                         "q4_matmul.cpp", "q8_matmul.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
 
 

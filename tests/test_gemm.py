@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from core.config import WeightFormat
-from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, dequantize_q4_1, linear_q4, linear_q8_0, pack_q4_1,
-                       pad_rows, prepacking_available, q4_kernel, q4_kernel_isa, q8_0_as_two_q4, quantize_q4_1)
+from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows,
+                       prepacking_available, q4_kernel, q4_kernel_isa, quantize_q4_1, quantize_q8_0)
 
 
 def cpu_flags() -> set[str]:
@@ -19,6 +19,8 @@ def cpu_flags() -> set[str]:
 BF16_PACKS = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 NO_BF16_PACKING = pytest.mark.skipif(not BF16_PACKS, reason="oneDNN packs no bfloat16 weights on this CPU")
 NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
+NO_Q8_KERNEL = pytest.mark.skipif(not (q4_kernel() and q4_kernel().q8_matmul_available()),
+                                  reason="the Q8_0 kernel needs AVX2")
 
 # (format, prepack): each format's fastest product here and its plain one
 PRODUCTS = [("fp32", True), ("fp32", False), pytest.param("bf16", True, marks=NO_BF16_PACKING), ("bf16", False),
@@ -155,15 +157,62 @@ def test_the_q4_1_kernel_checks_its_inputs():
         layer.q4.q4_matmul(torch.randn(2, 96), *layer.tensors)
 
 
-@pytest.mark.parametrize("prepack", [pytest.param(True, marks=NO_Q4_KERNEL), False])
-def test_q8_0_as_two_q4_products(prepack):
+def test_q8_0_round_trips_its_own_dequantized_weights():
+    """Re-quantizing a Q8_0 matrix finds the same blocks: the engine packs the GGUF file's 8-bit
+    embedding from its fp32 form."""
     g = torch.Generator().manual_seed(4)
-    emb = torch.randn(256, 64, generator=g)
-    hi, lo = q8_0_as_two_q4(emb, prepack=prepack)
-    assert hi.prepacked == lo.prepacked == prepack
-    x = torch.randn(3, 64, generator=g)
-    y = linear_q8_0(x, (hi, lo)).float()
-    ref = x @ emb.T
-    assert (y - ref).abs().max().item() < 0.03 * ref.abs().max().item()
-    one = linear_q8_0(x[1:2], (hi, lo)).float()
-    assert torch.equal(one[0], y[1])
+    q, d = quantize_q8_0(torch.randn(48, 128, generator=g))
+    w = q.float() * d.repeat_interleave(32, 1)
+    q2, d2 = quantize_q8_0(w)
+    assert torch.equal(q2, q) and torch.equal(d2, d)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+
+
+def test_the_q8_0_kernel_is_built_where_the_q4_1_kernel_uses_avx2():
+    flags = cpu_flags()
+    assert PackedQ8_0(torch.ones(32, 64)).prepacked == ({"avx2", "fma", "f16c"} <= flags)
+
+
+@pytest.mark.parametrize("prepack", [pytest.param(None, marks=NO_Q8_KERNEL), False])
+def test_q8_0_multiplies_by_the_dequantized_weights(prepack):
+    """The kernel: the activations, rounded to 16-bit integers per group of 32 (at most 2^-16 of
+    the group's largest off), times w = d*q, to fp32 rounding. The fallback (two 4-bit products,
+    16d*hi + d*lo, PyTorch's int4 kernel) rounds the activations and its output to bfloat16."""
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(256, 96, generator=g)
+    head = PackedQ8_0(weight, prepack=prepack)
+    assert head.prepacked == (prepack is None)
+    q, d = quantize_q8_0(weight)
+    w = (q.float() * d.repeat_interleave(32, 1)).double()
+    x = torch.randn(5, 96, generator=g)
+    y = head(x).double()
+    ref = x.double() @ w.T
+    if head.prepacked:
+        assert head.nbytes == 256 * 96 + 256 * 3 * 2
+        bound = (x.reshape(5, 3, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double() @ w.abs().T
+        assert ((y - ref).abs() <= bound + 1e-5 * ref.abs().max()).all()
+        assert (y - ref).abs().max().item() > 0                         # rounded, not exact
+    else:
+        assert (y - ref).abs().max().item() < 0.02 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("prepack", [pytest.param(None, marks=NO_Q8_KERNEL), False])
+@pytest.mark.parametrize("shape", [(576, 49152 // 16), (64, 272)])
+def test_q8_0_rows_are_batch_invariant(threads, prepack, shape):
+    """SmolLM2's head's input size (with a sixteenth of its outputs) and 17 panels of 16 outputs:
+    one row takes four panels at a time (and the last on its own), several rows tiles of up to four."""
+    cols, out = shape
+    g = torch.Generator().manual_seed(5)
+    head = PackedQ8_0(torch.randn(out, cols, generator=g) / cols ** 0.5, prepack=prepack)
+    x = torch.randn(70, cols, generator=g)
+    full = head(x)
+    for n in range(1, 70):
+        assert torch.equal(head(x[:n]), full[:n]), f"{n} rows"
+        assert torch.equal(head(x[n - 1:n].clone())[0], full[n - 1]), f"row {n - 1} alone"
+
+
+@NO_Q8_KERNEL
+def test_the_q8_0_kernel_checks_its_inputs():
+    head = PackedQ8_0(torch.randn(32, 64))
+    with pytest.raises(RuntimeError, match="packed for 64"):
+        head.q8.q8_matmul(torch.randn(2, 96), *head.tensors)

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from core.gemm import PackedQ8_0
 from core.model import MLP, RMSNorm, Rotary, Transformer
 
 
@@ -189,12 +190,14 @@ def test_reference_runs_the_same_weights_in_fp32(tiny_loaded, tiny_model, ids, f
 
 def test_decode_weight_bytes_counts_each_format(tiny_loaded):
     """What one decode step reads: fp32 4 bytes a weight, bf16 2, q4_1 half a byte plus a bf16
-    scale and zero per 32; the tied LM head once (q4_1: its Q8_0 form as two 4-bit halves)."""
+    scale and zero per 32; the tied LM head once (q4_1: its Q8_0 form, a byte a weight and an fp16
+    scale per 32, or two 4-bit halves where the Q8_0 kernel does not run)."""
     cfg = tiny_loaded.config
     C, I, D, L = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
     linear = L * (C * (cfg.num_heads + 2 * cfg.num_kv_heads) * D + cfg.num_heads * D * C + 3 * C * I)
     head = cfg.vocab_size * C
-    per = {"fp32": (4, 4), "bf16": (2, 2), "q4_1": (0.5 + 4 / 32, 2 * (0.5 + 4 / 32))}
+    q8_0 = 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
+    per = {"fp32": (4, 4), "bf16": (2, 2), "q4_1": (0.5 + 4 / 32, q8_0)}
     for fmt, (w, h) in per.items():
         model = Transformer.from_state_dict(cfg, tiny_loaded.state_dict, fmt)
         assert model.decode_weight_bytes() == linear * w + head * h, fmt

@@ -11,8 +11,8 @@ plus the activations). The knee is the row count where the intensity reaches the
 (peak / bandwidth): below it a row is almost free, above it each row costs its arithmetic.
 
 The products run through core/gemm.py's kernels, the engine's own: PackedLinear in fp32, bf16
-and q4_1 (the 4-bit format the server serves; in q4_1 the LM head is linear_q8_0, the file's
-8-bit embedding as two 4-bit products, as the engine runs it), on weights of each layer's shape
+and q4_1 (the 4-bit format the server serves; in q4_1 the LM head is PackedQ8_0, the file's
+8-bit embedding, as the engine runs it), on weights of each layer's shape
 (values do not change the time). The job times one shape at one row count per slice (a warm-up
 call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory read
 bandwidth and matmul peak in the format (a square product hot in cache; in q4_1 through the 4-bit
@@ -29,7 +29,7 @@ import torch
 
 from core.config import WeightFormat
 from core.errors import InvalidParameter, is_int
-from core.gemm import PackedLinear, linear_q8_0, q8_0_as_two_q4
+from core.gemm import PackedLinear, PackedQ8_0
 
 from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
@@ -104,8 +104,8 @@ def product(format: str, shape: dict):
     function of x (R, K), bytes)."""
     w = torch.randn(shape["n"], shape["k"]) * 0.02                    # (N, K)
     if format == "q4_1" and shape["name"] == "LM head":                # the Q8_0 embedding, as model.py runs it
-        halves = q8_0_as_two_q4(w)
-        return (lambda x: linear_q8_0(x, halves)), sum(half.nbytes for half in halves)
+        head = PackedQ8_0(w)
+        return head, head.nbytes
     layer = PackedLinear(WeightFormat(format), w)
     return layer, layer.nbytes
 

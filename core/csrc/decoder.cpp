@@ -143,4 +143,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &sendlens::silu_mul, py::call_guard<py::gil_scoped_release>());
   m.def("q4_matmul_isa", &sendlens::q4_matmul_isa);
   m.def("q4_matmul", &sendlens::q4_matmul, py::call_guard<py::gil_scoped_release>());
+  m.def("q8_matmul_available", &sendlens::q8_matmul_available);
+  m.def("q8_matmul", &sendlens::q8_matmul, py::call_guard<py::gil_scoped_release>());
 }

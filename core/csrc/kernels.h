@@ -1,6 +1,7 @@
 // The engine's own kernels: paged attention (paged_attention.cpp), RMSNorm (rms_norm.cpp), rotary
-// embedding (rotary.cpp), SwiGLU's silu(gate) * up (silu_mul.cpp) and Q4_1 products (q4_matmul.cpp), each
-// computing every row on its own by construction, so that no result depends on the batch.
+// embedding (rotary.cpp), SwiGLU's silu(gate) * up (silu_mul.cpp), Q4_1 and Q8_0 products
+// (q4_matmul.cpp, q8_matmul.cpp), each computing every row on its own by construction, so that no
+// result depends on the batch.
 #pragma once
 
 #include <torch/extension.h>
@@ -42,5 +43,12 @@ std::string q4_matmul_isa();
 // x W^T for Q4_1 weights packed by gemm.pack_q4_1_native: x (M, K) float or bfloat16,
 // nibbles (N/16, K/4, 32) uint8, dm (N/16, K/32, 2, 16) half -> (M, N) float.
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& dm);
+
+// Whether q8_matmul runs here (it needs AVX2).
+bool q8_matmul_available();
+
+// x W^T for Q8_0 weights packed by gemm.pack_q8_0_native: x (M, K) float or bfloat16,
+// q (N/16, K/2, 32) int8, d (N/16, K/32, 16) half -> (M, N) float.
+at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d);
 
 }  // namespace sendlens

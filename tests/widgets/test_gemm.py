@@ -5,6 +5,7 @@ model's shapes, each point the best of several calls, with a margin that a share
 """
 
 import pytest
+import torch
 
 from conftest import drain, figure_value, shoot_widget, wait_ready
 
@@ -40,14 +41,16 @@ def check_structure(r, cfg: dict, max_rows: int) -> None:
                 (h, cfg["vocab_size"])]
     assert [s["name"] for s in r["shapes"]] == NAMES
     assert [(s["k"], s["n"]) for s in r["shapes"]] == expected
-    # q4_1: half a byte a weight and a bf16 scale and zero per 32; its LM head is the Q8_0
-    # embedding as two such products
+    # q4_1: half a byte a weight and an fp16 scale and minimum per 32; its LM head is the Q8_0
+    # embedding: a byte a weight and an fp16 scale per 32 (two 4-bit products without the kernel)
     bytes_per_weight = {"fp32": 4, "bf16": 2, "q4_1": 0.5 + 4 / 32}[r["format"]]
+    from core.gemm import PackedQ8_0
+    head_bytes = 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
     balance = r["peak_gflops"] / r["bandwidth_gb_s"]
     assert r["machine_balance"] == pytest.approx(balance)
     for s in r["shapes"]:
-        twice = 2 if r["format"] == "q4_1" and s["name"] == "LM head" else 1
-        assert s["weight_bytes"] == twice * bytes_per_weight * s["k"] * s["n"]
+        per = head_bytes if r["format"] == "q4_1" and s["name"] == "LM head" else bytes_per_weight
+        assert s["weight_bytes"] == per * s["k"] * s["n"]
         pts = [p for p in r["points"] if p["shape"] == s["name"]]
         assert [p["rows"] for p in pts] == rows
         for p in pts:

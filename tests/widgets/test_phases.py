@@ -6,6 +6,7 @@ roofline figures follow from the measured ones and from the model's real paramet
 """
 
 import pytest
+import torch
 
 from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
 
@@ -72,12 +73,15 @@ def check_structure(r, max_prompt: int, decode_tokens: int) -> None:
 def decode_weight_bytes(cfg: dict) -> int:
     """The weight bytes a decode step reads, from the model's shape and the serving format: each
     linear layer's out x in weights at the format's bytes (q4_1: half a byte, and a bf16 scale and
-    zero for every 32), and the tied LM head's V x C (q4_1: Q8_0 held as two 4-bit halves)."""
+    zero for every 32), and the tied LM head's V x C (q4_1: Q8_0, a byte a weight and an fp16
+    scale for every 32, or two 4-bit halves where the Q8_0 kernel does not run)."""
     C, I, D, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"], cfg["num_layers"]
     H, Hkv, V = cfg["num_heads"], cfg["num_kv_heads"], cfg["vocab_size"]
     weights = L * (C * (H + 2 * Hkv) * D + H * D * C + C * 2 * I + I * C)
     per_weight = {"fp32": 4, "bf16": 2, "q4_1": 0.5 + 4 / 32}[cfg["weight_format"]]
-    head = V * C * {"fp32": 4, "bf16": 2, "q4_1": 2 * (0.5 + 4 / 32)}[cfg["weight_format"]]
+    from core.gemm import PackedQ8_0
+    q8_0 = 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
+    head = V * C * {"fp32": 4, "bf16": 2, "q4_1": q8_0}[cfg["weight_format"]]
     return round(weights * per_weight + head)
 
 

@@ -1,0 +1,140 @@
+// x W^T for Q8_0 weights (llama.cpp's format: groups of 32 weights w = d*q, q in -127..127, d in
+// fp16): the LM head of the q4_1 engine, whose GGUF file keeps the tied embedding in Q8_0.
+// With AVX2, each row of x is rounded to 16-bit integers per group of 32 (int16_rows.h), and per
+// group and column, in 32-bit integers and so exactly in any order:
+//   S = sum over k of xi[k] * q[k]    (VPMADDWD pairs; |S| <= 32 * 32767 * 127 < 2^31)
+//   y = (d * s) * S + y              (in fp32, group after group)
+// One pass over the 8-bit weights: 30 MB for SmolLM2's 49,152 x 576 head, where the two 4-bit
+// passes it replaces (16*d*hi + d*lo, gemm.py) read 35 MB and spent three times the instructions.
+//
+// Batch-invariant by construction: output (i, j) is one fixed chain of operations over k in order,
+// whatever the number of rows, the tile they fall in, or the threads (which split columns only).
+//
+// Layout (gemm.pack_q8_0_native), per panel of 16 output columns: q (N/16, K/2, 32) int8, byte b
+// of unit u holding column (b/2) % 8 + 8 * (b >= 16)'s q at k = 2u + b%2 (so each 16-byte half
+// widens to the k pairs of 8 columns that VPMADDWD reads); d (N/16, K/32, 16) fp16.
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "kernels.h"
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "int16_rows.h"
+#define SENDLENS_Q8 1
+#endif
+
+namespace sendlens {
+
+bool q8_matmul_available() {
+#ifdef SENDLENS_Q8
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef SENDLENS_Q8
+namespace {
+
+constexpr int64_t MAX_ROWS = 4;  // rows of a tile: 8 sums, two weight vectors and a pair in registers
+constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (a decode step)
+
+inline __m256i pair_of(const int16_t* row, int64_t k) {  // xi[k], xi[k + 1] in every 32-bit lane
+  int32_t pair;
+  std::memcpy(&pair, row + k, sizeof pair);
+  return _mm256_set1_epi32(pair);
+}
+
+// R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy.
+template <int R, int NP>
+void tile(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
+  const int64_t K = a.K, K32 = K / 32, panel = (K / 2) * 32;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * NP; ++c) _mm256_storeu_ps(y + r * ldy + 8 * c, _mm256_setzero_ps());
+  for (int64_t g = 0; g < K32; ++g) {
+    __m256i S[R][NP][2];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NP; ++c) S[r][c][0] = S[r][c][1] = _mm256_setzero_si256();
+    for (int64_t u = g * 16; u < g * 16 + 16; ++u) {
+      for (int c = 0; c < NP; ++c) {
+        const int8_t* p = q + c * panel + u * 32;
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+        for (int r = 0; r < R; ++r) {
+          const __m256i xp = pair_of(a.row(r0 + r), 2 * u);
+          S[r][c][0] = _mm256_add_epi32(S[r][c][0], _mm256_madd_epi16(w0, xp));
+          S[r][c][1] = _mm256_add_epi32(S[r][c][1], _mm256_madd_epi16(w1, xp));
+        }
+      }
+    }
+    for (int c = 0; c < NP; ++c)
+      for (int h = 0; h < 2; ++h) {
+        const __m256 dg = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + c * K32 * 16 + g * 16 + 8 * h)));
+        for (int r = 0; r < R; ++r) {  // y = (d * s) * S + y, the same steps for every row
+          float* out = y + r * ldy + c * 16 + 8 * h;
+          const __m256 ds = _mm256_mul_ps(dg, _mm256_set1_ps(a.scale[(r0 + r) * K32 + g]));
+          _mm256_storeu_ps(out, _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(S[r][c][h]), _mm256_loadu_ps(out)));
+        }
+      }
+  }
+}
+
+template <int R>
+void tile_rows(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy,
+               int64_t rows) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<R - 1>(a, r0, q, d, y, ldy, rows);
+  }
+  tile<R, 1>(a, r0, q, d, y, ldy);
+}
+
+}  // namespace
+#endif
+
+at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d) {
+  TORCH_CHECK(q8_matmul_available(), "q8_matmul: this build has no AVX2 (use gemm.PackedQ8_0's fallback)");
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 3 && q.scalar_type() == at::kChar && q.size(2) == 32 &&
+                  d.dim() == 3 && d.scalar_type() == at::kHalf && d.size(2) == 16,
+              "q8_matmul: x (M, K), q (N/16, K/2, 32) int8, d (N/16, K/32, 16) half");
+  const int64_t M = x.size(0), K = x.size(1), P = q.size(0), N = P * 16;
+  TORCH_CHECK(K % 32 == 0 && q.size(1) * 2 == K && d.size(0) == P && d.size(1) * 32 == K,
+              "q8_matmul: x has ", K, " columns; the weights were packed for ", q.size(1) * 2);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+#ifdef SENDLENS_Q8
+  const Int16Rows a = round_to_int16(x);
+  const at::Tensor q_c = q.contiguous(), d_c = d.contiguous();
+  const int8_t* qs = q_c.data_ptr<int8_t>();
+  const at::Half* ds = d_c.data_ptr<at::Half>();
+  float* ys = y.data_ptr<float>();
+  const int64_t panel = (K / 2) * 32, panel_d = (K / 32) * 16;
+  if (M == 1) {  // a decode step: several panels at a time, so that the row has more chains going
+    constexpr int NP = PANELS_ONE_ROW;
+    at::parallel_for(0, (P + NP - 1) / NP, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin * NP; c < std::min(P, end * NP); c += NP) {
+        if (c + NP <= P) {
+          tile<1, NP>(a, 0, qs + c * panel, ds + c * panel_d, ys + c * 16, N);
+        } else {
+          for (int64_t e = c; e < P; ++e) tile<1, 1>(a, 0, qs + e * panel, ds + e * panel_d, ys + e * 16, N);
+        }
+      }
+    });
+  } else {  // each panel's weights stay in L1 while every tile of rows reads them
+    at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c)
+        for (int64_t r = 0; r < M; r += MAX_ROWS)
+          tile_rows<MAX_ROWS>(a, r, qs + c * panel, ds + c * panel_d, ys + r * N + c * 16, N,
+                              std::min(MAX_ROWS, M - r));
+    });
+  }
+#endif
+  return y;
+}
+
+}  // namespace sendlens
