@@ -196,8 +196,8 @@ class PackedQ8_0:
             return
         q = q.to(torch.int32)
         hi, lo = (q >> 4) + 8, q & 15                                   # q = 16*(hi - 8) + lo
-        self.halves = (PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(hi, 16 * d, -8 * 16 * d), prepack=prepack),
-                       PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=(lo, d, torch.zeros_like(d)), prepack=prepack))
+        self.halves = tuple(PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=blocks, prepack=prepack)
+                            for blocks in ((hi, 16 * d, -8 * 16 * d), (lo, d, torch.zeros_like(d))))
         self.tensors = tuple(t for half in self.halves for t in half.tensors)
 
     @property

@@ -3,16 +3,17 @@
 // With AVX2, each row of x is rounded to 16-bit integers per group of 32 (int16_rows.h), and per
 // group and column, in 32-bit integers and so exactly in any order:
 //   S = sum over k of xi[k] * q[k]    (VPMADDWD pairs; |S| <= 32 * 32767 * 127 < 2^31)
-//   y = (d * s) * S + y              (in fp32, group after group)
+//   y = (d * s) * S + y              (S converted to fp32 once; in fp32, group after group)
 // One pass over the 8-bit weights: 30 MB for SmolLM2's 49,152 x 576 head, where the two 4-bit
-// passes it replaces (16*d*hi + d*lo, gemm.py) read 35 MB and spent three times the instructions.
+// passes it replaces (16*d*hi + d*lo, gemm.py) read 35 MB and spent about three times the
+// instructions.
 //
 // Batch-invariant by construction: output (i, j) is one fixed chain of operations over k in order,
 // whatever the number of rows, the tile they fall in, or the threads (which split columns only).
 //
 // Layout (gemm.pack_q8_0_native), per panel of 16 output columns: q (N/16, K/2, 32) int8, byte b
-// of unit u holding column (b/2) % 8 + 8 * (b >= 16)'s q at k = 2u + b%2 (so each 16-byte half
-// widens to the k pairs of 8 columns that VPMADDWD reads); d (N/16, K/32, 16) fp16.
+// of unit u holding column b/2's q at k = 2u + b%2 (so each 16-byte half widens to the k pairs of
+// 8 columns that VPMADDWD reads); d (N/16, K/32, 16) fp16.
 
 #include <ATen/Parallel.h>
 
