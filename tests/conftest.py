@@ -194,6 +194,14 @@ def drain(gen):
             return items, stop.value
 
 
+def lm_head_bytes_per_weight_q4_1() -> float:
+    """Bytes a weight of q4_1's LM head takes: Q8_0 (a byte, and an fp16 scale per 32) where its
+    kernel runs, else two Q4_1 halves (half a byte and an fp16 scale and minimum per 32, twice)."""
+    from core.gemm import PackedQ8_0
+    import torch
+    return 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from core.gemm import PackedQ8_0
+from conftest import lm_head_bytes_per_weight_q4_1
 from core.model import MLP, RMSNorm, Rotary, Transformer
 
 
@@ -196,8 +196,7 @@ def test_decode_weight_bytes_counts_each_format(tiny_loaded):
     C, I, D, L = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
     linear = L * (C * (cfg.num_heads + 2 * cfg.num_kv_heads) * D + cfg.num_heads * D * C + 3 * C * I)
     head = cfg.vocab_size * C
-    q8_0 = 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
-    per = {"fp32": (4, 4), "bf16": (2, 2), "q4_1": (0.5 + 4 / 32, q8_0)}
+    per = {"fp32": (4, 4), "bf16": (2, 2), "q4_1": (0.5 + 4 / 32, lm_head_bytes_per_weight_q4_1())}
     for fmt, (w, h) in per.items():
         model = Transformer.from_state_dict(cfg, tiny_loaded.state_dict, fmt)
         assert model.decode_weight_bytes() == linear * w + head * h, fmt

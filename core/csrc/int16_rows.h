@@ -11,7 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 namespace sendlens {
 
@@ -48,5 +53,14 @@ inline Int16Rows round_to_int16(const at::Tensor& x_in) {
   });
   return rows;
 }
+
+#ifdef __AVX2__
+// xi[k], xi[k + 1] of a row in every 32-bit lane: the pair VPMADDWD multiplies with two weights.
+inline __m256i int16_pair(const int16_t* row, int64_t k) {
+  int32_t pair;
+  std::memcpy(&pair, row + k, sizeof pair);
+  return _mm256_set1_epi32(pair);
+}
+#endif
 
 }  // namespace sendlens

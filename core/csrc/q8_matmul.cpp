@@ -24,8 +24,6 @@
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "int16_rows.h"
 #define SENDLENS_Q8 1
 #endif
@@ -46,12 +44,6 @@ namespace {
 constexpr int64_t MAX_ROWS = 4;  // rows of a tile: 8 sums, two weight vectors and a pair in registers
 constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (a decode step)
 
-inline __m256i pair_of(const int16_t* row, int64_t k) {  // xi[k], xi[k + 1] in every 32-bit lane
-  int32_t pair;
-  std::memcpy(&pair, row + k, sizeof pair);
-  return _mm256_set1_epi32(pair);
-}
-
 // R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy.
 template <int R, int NP>
 void tile(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
@@ -68,7 +60,7 @@ void tile(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, fl
         const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
         for (int r = 0; r < R; ++r) {
-          const __m256i xp = pair_of(a.row(r0 + r), 2 * u);
+          const __m256i xp = int16_pair(a.row(r0 + r), 2 * u);
           S[r][c][0] = _mm256_add_epi32(S[r][c][0], _mm256_madd_epi16(w0, xp));
           S[r][c][1] = _mm256_add_epi32(S[r][c][1], _mm256_madd_epi16(w1, xp));
         }

@@ -5,9 +5,8 @@ model's shapes, each point the best of several calls, with a margin that a share
 """
 
 import pytest
-import torch
 
-from conftest import drain, figure_value, shoot_widget, wait_ready
+from conftest import drain, figure_value, lm_head_bytes_per_weight_q4_1, shoot_widget, wait_ready
 
 GM = '[data-widget="gemm"]'
 NAMES = ["q/k/v", "o", "gate/up", "down", "LM head"]
@@ -44,8 +43,7 @@ def check_structure(r, cfg: dict, max_rows: int) -> None:
     # q4_1: half a byte a weight and an fp16 scale and minimum per 32; its LM head is the Q8_0
     # embedding: a byte a weight and an fp16 scale per 32 (two 4-bit products without the kernel)
     bytes_per_weight = {"fp32": 4, "bf16": 2, "q4_1": 0.5 + 4 / 32}[r["format"]]
-    from core.gemm import PackedQ8_0
-    head_bytes = 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
+    head_bytes = lm_head_bytes_per_weight_q4_1()
     balance = r["peak_gflops"] / r["bandwidth_gb_s"]
     assert r["machine_balance"] == pytest.approx(balance)
     for s in r["shapes"]:

@@ -6,9 +6,8 @@ roofline figures follow from the measured ones and from the model's real paramet
 """
 
 import pytest
-import torch
 
-from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
+from conftest import drain, figure_value, lm_head_bytes_per_weight_q4_1, on_a_phone, shoot_widget, wait_ready
 
 PH = '[data-widget="phases"]'
 
@@ -79,9 +78,7 @@ def decode_weight_bytes(cfg: dict) -> int:
     H, Hkv, V = cfg["num_heads"], cfg["num_kv_heads"], cfg["vocab_size"]
     weights = L * (C * (H + 2 * Hkv) * D + H * D * C + C * 2 * I + I * C)
     per_weight = {"fp32": 4, "bf16": 2, "q4_1": 0.5 + 4 / 32}[cfg["weight_format"]]
-    from core.gemm import PackedQ8_0
-    q8_0 = 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
-    head = V * C * {"fp32": 4, "bf16": 2, "q4_1": q8_0}[cfg["weight_format"]]
+    head = V * C * {"fp32": 4, "bf16": 2, "q4_1": lm_head_bytes_per_weight_q4_1()}[cfg["weight_format"]]
     return round(weights * per_weight + head)
 
 
