@@ -58,8 +58,8 @@ class ModelConfig:
 
 class WeightFormat(str, Enum):
     """How the linear layers' weights are stored and multiplied (see core/gemm.py)."""
-    FP32 = "fp32"   # the reference: fp32 weights (oneDNN, prepacked; MKL sgemm without oneDNN)
-    BF16 = "bf16"   # bfloat16 weights, fp32 accumulation (oneDNN; slow on CPUs without AVX-512 BF16)
+    FP32 = "fp32"   # the reference: fp32 weights (the engine's kernel; oneDNN or MKL without it)
+    BF16 = "bf16"   # bfloat16 weights, fp32 accumulation (oneDNN with AVX-512 BF16, else the engine's kernel)
     Q4_1 = "q4_1"   # the GGUF's own 4-bit groups, the engine's kernel (AVX-512 BF16 or AVX2) or PyTorch's int4
 
 

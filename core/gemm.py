@@ -8,18 +8,21 @@ on GPUs). Each format below uses one kernel whose rounding does not depend on th
 by construction or by padding the batch to the shapes where it holds; tests/test_gemm.py checks
 every format bit for bit, alone against batched, with one and two threads.
 
-- fp32 and bf16: oneDNN's matmul on weights reordered once, at load, into its blocked layout
+- fp32: the engine's own kernel (csrc/f32_matmul.cpp) where the CPU has AVX2 and FMA: each output
+  is one chain of fused multiply-adds over k in order, in whatever tile its row falls, so rows are
+  never padded. One row streams the weights at memory speed (twice oneDNN's prepacked product on
+  two rows here); tiles of five rows make it as fast as oneDNN for 64 rows and for a prompt.
+- bf16 keeps its weights in bfloat16 and accumulates in fp32, the activations and the result
+  rounded to bfloat16. Where the CPU converts to bfloat16 natively (AVX-512 BW/VL/DQ or
+  AVX-NE-CONVERT), oneDNN's matmul on weights reordered once, at load, into its blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's freezing pass does for CPU
-  linears). A plain product reorders the weight on every call; the prepacked one streams it
-  as it lies, about twice as fast for one row and a fifth faster for 64. oneDNN takes another
-  kernel for a single row at some shapes (an input of 1,536 here), so rows are padded to
-  PREPACKED_MIN_ROWS. bf16 keeps its weights in bfloat16, accumulates in fp32 (AVX512-BF16) and
-  rounds the result to bfloat16. oneDNN packs bfloat16 weights only where the CPU converts to
-  bfloat16 natively (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); elsewhere bf16 takes the plain product,
-  oneDNN's reference code (about 1 GFLOP/s on an AVX2-only Zen 3): a format for CPUs that have
-  the instructions. Where PyTorch is built without oneDNN the products fall back to plain ones:
-  MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels for fp32 (a partial panel goes to another
-  kernel), and for bf16 one row padded to BF16_MIN_ROWS. The plain
+  linears), its dot products in AVX512-BF16; oneDNN takes another kernel for a single row at some
+  shapes (an input of 1,536 here), so rows are padded to PREPACKED_MIN_ROWS. Elsewhere (an
+  AVX2-only CPU, where oneDNN's bf16 is reference code at about 1 GFLOP/s) the engine's fp32
+  kernel reads the bfloat16 weights, widening each to fp32 on load: the same chains, half the bytes.
+- Without the engine's extension, fp32 takes oneDNN's prepacked product (padded as above) and,
+  without oneDNN, MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels (a partial panel goes to
+  another kernel); bf16 takes a plain product with one row padded to BF16_MIN_ROWS. The plain
   padded sgemm is also `linear`, the product of unpacked fp32 weights (attention's torch path,
   the MoE router).
 - q4_1: the GGUF file's own 4-bit weights (llama.cpp's Q4_1: groups of 32 weights, w = d*q + m,
@@ -37,6 +40,8 @@ every format bit for bit, alone against batched, with one and two threads.
   chain of operations over k, whatever the number of rows or threads, so neither pads.
 """
 
+from enum import Enum
+
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +53,13 @@ BF16_MIN_ROWS = 2       # oneDNN's plain bf16 matmul takes a matrix-vector kerne
 PREPACKED_MIN_ROWS = 2  # oneDNN's prepacked matmul takes another kernel for one row at some shapes
 PACK_FOR_ROWS = 64      # the batch size oneDNN picks the prepacked weights' blocked layout for
 Q4_GROUP = 32        # weights per Q4_1 group (one scale and one minimum each)
+
+
+class Product(str, Enum):
+    """Which product a PackedLinear multiplies with."""
+    OWN = "own"          # the engine's kernels: f32_matmul (fp32, bf16) or q4_matmul (q4_1); never padded
+    ONEDNN = "onednn"    # oneDNN's matmul on prepacked weights (fp32 without the extension, bf16 with AVX512-BF16)
+    PLAIN = "plain"      # PyTorch's plain product (MKL sgemm, padded; bf16; the int4 kernel for q4_1)
 
 
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -100,6 +112,22 @@ def linear_q4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor)
     """q4_1: x (N, in) any float dtype, packed (out, in/2) uint8, scales_zeros (in/32, out, 2)
     bfloat16 -> (N, out) bfloat16. No padding: rows are independent by construction."""
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, Q4_GROUP, scales_zeros)
+
+
+def f32_kernel():
+    """The engine's own fp32 product (csrc/f32_matmul.cpp) where it is built and the CPU has AVX2
+    and FMA, else None."""
+    from .native import extension   # here, not at the top: native.py imports this module
+
+    ext = extension()
+    return ext if ext is not None and ext.f32_matmul_available() else None
+
+
+def pack_f32_native(weight: torch.Tensor) -> torch.Tensor:
+    """weight (out, in), fp32 or bfloat16 -> the layout f32_matmul reads: (out/16, in, 16), each
+    panel of 16 output columns with their weights at k side by side."""
+    N, K = weight.shape
+    return weight.view(N // 16, 16, K).transpose(1, 2).contiguous()
 
 
 # -- the Q4_1 format ---------------------------------------------------------------------------
@@ -183,20 +211,27 @@ class PackedQ8_0:
     one pass over the 8-bit weights, exact integer sums per group) where it runs (AVX2), else two
     4-bit products, since q = 16*hi + lo with hi in -8..7 and lo in 0..15 makes w = 16d*hi + d*lo:
     the q4_1 layers of 16d*hi and of d*lo, summed (PyTorch's int4 kernel; 35 MB for SmolLM2's
-    head where the 8-bit pass reads 30). prepack=False takes the two 4-bit products everywhere."""
+    head where the 8-bit pass reads 30). product=Product.PLAIN takes the two 4-bit products on
+    PyTorch's int4 kernel."""
 
-    def __init__(self, weight: torch.Tensor, prepack: bool | None = None):
+    def __init__(self, weight: torch.Tensor, product: Product | None = None):
         self.out_features, self.in_features = weight.shape
         q, d = quantize_q8_0(weight)
-        ext = q4_kernel() if prepack is not False and self.out_features % 16 == 0 else None
+        ext = q4_kernel() if self.out_features % 16 == 0 else None
         self.q8 = ext if ext is not None and ext.q8_matmul_available() else None
-        self.prepacked = self.q8 is not None
+        if product is not None and Product(product) not in (Product.OWN, Product.PLAIN):
+            raise InvalidParameter("product", f"a Q8_0 weight is multiplied by the engine's kernel (own) or "
+                                              f"by PyTorch's int4 kernel (plain), not {Product(product).value}")
+        if product is Product.OWN and self.q8 is None:
+            raise InvalidParameter("product", "the engine's Q8_0 kernel does not run here (it needs AVX2)")
+        self.prepacked = self.q8 is not None and product is not Product.PLAIN
         if self.prepacked:
             self.tensors = pack_q8_0_native(q, d)
             return
         q = q.to(torch.int32)
         hi, lo = (q >> 4) + 8, q & 15                                   # q = 16*(hi - 8) + lo
-        self.halves = tuple(PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=blocks, prepack=prepack)
+        half_product = None if product is None else Product.PLAIN
+        self.halves = tuple(PackedLinear(WeightFormat.Q4_1, weight, q4_blocks=blocks, product=half_product)
                             for blocks in ((hi, 16 * d, -8 * 16 * d), (lo, d, torch.zeros_like(d))))
         self.tensors = tuple(t for half in self.halves for t in half.tensors)
 
@@ -217,40 +252,60 @@ def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
     return q.float() * d.repeat_interleave(Q4_GROUP, 1) + m.repeat_interleave(Q4_GROUP, 1)
 
 
+def products_here(fmt: WeightFormat, out_features: int) -> list[Product]:
+    """The products a weight of the format with `out_features` outputs can take on this machine,
+    fastest first. The engine's kernels need a whole number of 16-column panels."""
+    fmt = WeightFormat(fmt)
+    own = out_features % 16 == 0 and (q4_kernel() if fmt is WeightFormat.Q4_1 else f32_kernel()) is not None
+    found = [Product.OWN] if own else []
+    if fmt is not WeightFormat.Q4_1 and prepacking_available(torch.float32 if fmt is WeightFormat.FP32 else torch.bfloat16):
+        found.insert(0 if fmt is WeightFormat.BF16 else len(found), Product.ONEDNN)  # AVX512-BF16 dot products
+    return found + [Product.PLAIN]
+
+
 class PackedLinear:
     """The weight of one linear layer in one format, and the batch-invariant product with it
     (a plain object, not a module: the model's Linear holds one and its hooks stay where they are).
 
     Built from the fp32 weight (out, in), or for q4_1 from Q4_1 blocks (q, d, m) when the
-    checkpoint has them (otherwise the fp32 weight is quantized). `prepacked`: laid out for the
-    fastest product this machine has, oneDNN's (fp32, bf16) or the engine's Q4_1 kernel, where
-    available (prepack=None); prepack=False keeps the plain products (PyTorch's int4 kernel for
-    q4_1). Output dtype: fp32 for fp32 and the engine's q4_1 kernel, bfloat16 for bf16 and
-    PyTorch's int4 kernel (the caller adds it to an fp32 residual, which promotes it).
+    checkpoint has them (otherwise the fp32 weight is quantized). `product` (Product): the fastest
+    this machine has (products_here) unless one is named. Output dtype: fp32 for fp32 and the
+    engine's q4_1 kernel, bfloat16 for bf16 and PyTorch's int4 kernel (the caller adds it to an
+    fp32 residual, which promotes it).
     """
 
-    def __init__(self, fmt: WeightFormat, weight: torch.Tensor, q4_blocks=None, prepack: bool | None = None):
+    def __init__(self, fmt: WeightFormat, weight: torch.Tensor, q4_blocks=None, product: Product | None = None):
         self.format = WeightFormat(fmt)
         self.out_features, self.in_features = weight.shape
-        self.prepacked = False
+        here = products_here(self.format, self.out_features)
+        if product is not None and Product(product) not in here:
+            raise InvalidParameter("product", f"{Product(product).value} cannot multiply a {self.format.value} "
+                                              f"weight of {self.out_features} outputs here; "
+                                              f"this machine has {', '.join(p.value for p in here)}")
+        self.product = here[0] if product is None else Product(product)
         if self.format is WeightFormat.Q4_1:
             blocks = q4_blocks or quantize_q4_1(weight)
-            self.q4 = q4_kernel() if prepack is not False and self.out_features % 16 == 0 else None
-            self.prepacked = self.q4 is not None
-            pack = pack_q4_1_native if self.prepacked else pack_q4_1
+            self.q4 = q4_kernel()
+            pack = pack_q4_1_native if self.product is Product.OWN else pack_q4_1
             self.tensors = pack(*blocks)   # (nibbles, dm) or (packed, scales_zeros)
             return
         self.dtype = torch.float32 if self.format is WeightFormat.FP32 else torch.bfloat16
-        self.prepacked = prepacking_available(self.dtype) if prepack is None else prepack
         w = weight.to(self.dtype)
-        self.tensors = (prepack_weight(w) if self.prepacked else w,)
+        self.f32 = f32_kernel()
+        pack = {Product.OWN: pack_f32_native, Product.ONEDNN: prepack_weight, Product.PLAIN: lambda w: w}
+        self.tensors = (pack[self.product](w),)
+
+    @property
+    def prepacked(self) -> bool:
+        """Whether the weight is laid out for a faster product than PyTorch's plain one."""
+        return self.product is not Product.PLAIN
 
     @property
     def min_rows(self) -> int:
         """The fewest rows a product runs with (fewer are padded with zero rows)."""
-        if self.format is WeightFormat.Q4_1:
+        if self.product is Product.OWN or self.format is WeightFormat.Q4_1:
             return 1
-        if self.prepacked:
+        if self.product is Product.ONEDNN:
             return PREPACKED_MIN_ROWS
         return MIN_GEMM_ROWS if self.format is WeightFormat.FP32 else BF16_MIN_ROWS
 
@@ -261,8 +316,12 @@ class PackedLinear:
 
     def __call__(self, x):  # (N, in) -> (N, out)
         if self.format is WeightFormat.Q4_1:
-            return self.q4.q4_matmul(x, *self.tensors) if self.prepacked else linear_q4(x, *self.tensors)
-        if self.prepacked:
+            return self.q4.q4_matmul(x, *self.tensors) if self.product is Product.OWN else linear_q4(x, *self.tensors)
+        if self.product is Product.OWN:
+            if self.format is WeightFormat.FP32:
+                return self.f32.f32_matmul(x, *self.tensors)
+            return self.f32.f32_matmul(x.to(torch.bfloat16), *self.tensors).to(torch.bfloat16)
+        if self.product is Product.ONEDNN:
             return linear_prepacked(x.to(self.dtype), *self.tensors)
         if self.format is WeightFormat.FP32:
             return linear(x, *self.tensors)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .attention import PagedBatch, causal_attention, paged_attention
 from .config import ModelConfig, WeightFormat
-from .gemm import PackedLinear, PackedQ8_0, linear
+from .gemm import PackedLinear, PackedQ8_0, Product, linear
 from .moe import Experts, MoEMLP
 
 
@@ -39,8 +39,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.kernel: PackedLinear | None = None
 
-    def pack(self, fmt: WeightFormat, prepack: bool | None = None) -> None:
-        self.kernel = PackedLinear(fmt, self.weight.detach(), prepack=prepack)
+    def pack(self, fmt: WeightFormat, product: Product | None = None) -> None:
+        self.kernel = PackedLinear(fmt, self.weight.detach(), product=product)
 
     def forward(self, x):  # (N, in) -> (N, out): fp32, or bfloat16 for bf16 (and q4_1 on PyTorch's int4)
         if self.kernel is None:

@@ -1,7 +1,7 @@
 """The decoder's layers in C++ (csrc/decoder.cpp), for the engine's steps: the same ATen
 operations as model.py, in the same order, and the same kernels of our own (csrc/kernels.h:
-attention, RMSNorm, rotary embedding, SwiGLU's product, Q4_1 products, which model.py calls too),
-so the same bits, without Python.
+attention, RMSNorm, rotary embedding, SwiGLU's product, fp32 and Q4_1 products, which model.py
+calls too), so the same bits, without Python.
 
 A decode step of SmolLM2 is several hundred small tensor operations; through Python each costs a
 few microseconds more than the operation itself (profile in the README). Tracing or compiling the
@@ -26,13 +26,14 @@ from pathlib import Path
 
 from .attention import PagedBatch
 from .config import WeightFormat
-from .gemm import Q4_GROUP
+from .gemm import Q4_GROUP, Product
 
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
            for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp",
-                         "q4_matmul.cpp", "q8_matmul.cpp")]
+                         "f32_matmul.cpp", "q4_matmul.cpp", "q8_matmul.cpp")]
 FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
+PRODUCT_CODES = {Product.OWN: 0, Product.ONEDNN: 1, Product.PLAIN: 2}   # decoder.cpp's enum Product
 
 
 @functools.cache
@@ -79,7 +80,7 @@ class NativeDecoder:
         self.decoder = ext.Decoder(FORMAT_CODES[fmt], model.embed_tokens.weight, model.norm.weight,
                                    model.rotary.cos, model.rotary.sin, layers,
                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
-                                   products.prepacked, products.min_rows, Q4_GROUP)
+                                   PRODUCT_CODES[products.product], products.min_rows, Q4_GROUP)
 
     def forward(self, input_ids, positions, batch: PagedBatch):
         """As Transformer.forward with a PagedBatch: (T,), (T,) -> final hidden states (T, C)."""

@@ -27,7 +27,7 @@ def random_layer(experts: int = 16, k: int = 2, hidden: int = 64, width: int = 1
 @pytest.mark.parametrize("world_size,top_k,tokens,fmt", [(2, 2, 37, None), (4, 4, 50, None), (2, 2, 37, "fp32"),
                                                         (4, 4, 50, "q4_1")])
 def test_expert_parallel_equals_one_process(world_size, top_k, tokens, fmt):
-    """Unpacked experts, or packed as a served model's are (fp32 prepacked for oneDNN, q4_1): the
+    """Unpacked experts, or packed as a served model's are (fp32 on the engine's kernel, q4_1): the
     workers pack theirs alike, so the output is the layer's in one process, bit for bit."""
     mlp = random_layer(width=128 if fmt != "q4_1" else 512)    # q4_1: experts of 32 units at least
     if fmt is not None:

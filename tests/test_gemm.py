@@ -1,13 +1,15 @@
 """gemm.py: every weight format computes x W^T, and a row's result never depends on the batch
-(bit for bit, one and two threads), prepacked for oneDNN or plain; the Q4_1 and Q8_0 packings
-stand for the same weights."""
+(bit for bit, one and two threads), on the engine's own kernels, oneDNN's prepacked product or
+PyTorch's plain one; the Q4_1 and Q8_0 packings stand for the same weights."""
 
 import pytest
 import torch
 
 from core.config import WeightFormat
-from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, dequantize_q4_1, linear_q4, pack_q4_1, pad_rows,
-                       prepacking_available, q4_kernel, q4_kernel_isa, quantize_q4_1, quantize_q8_0)
+from core.errors import InvalidParameter
+from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
+                       pack_q4_1, pad_rows, prepacking_available, products_here, q4_kernel, q4_kernel_isa,
+                       quantize_q4_1, quantize_q8_0)
 
 
 def cpu_flags() -> set[str]:
@@ -19,12 +21,15 @@ def cpu_flags() -> set[str]:
 BF16_PACKS = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 NO_BF16_PACKING = pytest.mark.skipif(not BF16_PACKS, reason="oneDNN packs no bfloat16 weights on this CPU")
 NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
+NO_F32_KERNEL = pytest.mark.skipif(f32_kernel() is None, reason="the fp32 kernel needs AVX2 and FMA")
 NO_Q8_KERNEL = pytest.mark.skipif(not (q4_kernel() and q4_kernel().q8_matmul_available()),
                                   reason="the Q8_0 kernel needs AVX2")
 
-# (format, prepack): each format's fastest product here and its plain one
-PRODUCTS = [("fp32", True), ("fp32", False), pytest.param("bf16", True, marks=NO_BF16_PACKING), ("bf16", False),
-            ("q4_1", True), ("q4_1", False)]
+OWN, ONEDNN, PLAIN = Product.OWN, Product.ONEDNN, Product.PLAIN
+# (format, product): every product each format can take
+PRODUCTS = [pytest.param("fp32", OWN, marks=NO_F32_KERNEL), ("fp32", ONEDNN), ("fp32", PLAIN),
+            pytest.param("bf16", OWN, marks=NO_F32_KERNEL), pytest.param("bf16", ONEDNN, marks=NO_BF16_PACKING),
+            ("bf16", PLAIN), pytest.param("q4_1", OWN, marks=NO_Q4_KERNEL), ("q4_1", PLAIN)]
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -45,9 +50,22 @@ def test_pad_rows_appends_zero_rows_to_whole_panels():
 def test_prepacking_is_available_here():
     """The CPU build of PyTorch that the set-up installs has oneDNN: a silent fallback to the
     plain products would hide a slower engine. bf16 packs where the CPU has the instructions."""
-    assert prepacking_available() and PackedLinear("fp32", torch.ones(8, 16)).prepacked
-    assert prepacking_available(torch.bfloat16) == BF16_PACKS == PackedLinear("bf16", torch.ones(8, 16)).prepacked
+    assert prepacking_available()
+    assert prepacking_available(torch.bfloat16) == BF16_PACKS
     assert BF16_PACKS == ("avx512bw" in cpu_flags() or "avx_ne_convert" in cpu_flags())
+
+
+def test_each_format_takes_the_fastest_product_here():
+    """fp32 on the engine's kernel where the CPU has AVX2 and FMA, then oneDNN's; bf16 on oneDNN's
+    where it packs bfloat16 (AVX512-BF16 dot products), else the engine's kernel."""
+    own = {"avx2", "fma"} <= cpu_flags()
+    assert (f32_kernel() is not None) == own
+    assert products_here("fp32", 64) == ([OWN] if own else []) + [ONEDNN, PLAIN]
+    assert products_here("bf16", 64) == ([ONEDNN] if BF16_PACKS else []) + ([OWN] if own else []) + [PLAIN]
+    assert products_here("fp32", 40)[0] is ONEDNN          # not whole 16-column panels
+    assert PackedLinear("fp32", torch.ones(16, 8)).product is products_here("fp32", 16)[0]
+    with pytest.raises(InvalidParameter, match="product"):
+        PackedLinear("q4_1", torch.ones(16, 32), product=ONEDNN)
 
 
 def test_the_q4_1_kernel_is_built_for_this_cpu():
@@ -56,31 +74,34 @@ def test_the_q4_1_kernel_is_built_for_this_cpu():
     expected = ("avx512bf16" if {"avx512_bf16", "avx512bw"} <= flags else
                 "avx2" if {"avx2", "fma", "f16c"} <= flags else "")
     assert q4_kernel_isa() == expected
-    assert (q4_kernel() is not None) == bool(expected) == PackedLinear("q4_1", torch.ones(16, 32)).prepacked
+    assert (q4_kernel() is not None) == bool(expected)
+    assert (PackedLinear("q4_1", torch.ones(16, 32)).product is OWN) == bool(expected)
 
 
-@pytest.mark.parametrize("fmt,prepack", PRODUCTS)
-def test_every_format_computes_x_wt(fmt, prepack):
+@pytest.mark.parametrize("fmt,product", PRODUCTS)
+def test_every_format_computes_x_wt(fmt, product):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g) / 8
     x = torch.randn(7, 64, generator=g)
-    layer = PackedLinear(fmt, w, prepack=prepack)
+    layer = PackedLinear(fmt, w, product=product)
     y = layer(x)
-    assert y.shape == (7, 96)
-    assert y.dtype == (torch.float32 if fmt == "fp32" or (fmt, prepack) == ("q4_1", True) else torch.bfloat16)
+    assert y.shape == (7, 96) and layer.product is product
+    assert y.dtype == (torch.float32 if fmt == "fp32" or (fmt, product) == ("q4_1", OWN) else torch.bfloat16)
     ref = x @ w.T
     tol = {WeightFormat.FP32: 1e-5, WeightFormat.BF16: 0.05, WeightFormat.Q4_1: 0.25}[WeightFormat(fmt)]
     assert (y.float() - ref).abs().max().item() < tol * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("fmt,prepack", PRODUCTS)
-@pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576), (64, 192), (128, 64)])
-def test_rows_are_batch_invariant_in_every_format(threads, fmt, prepack, shape):
-    """SmolLM2's and the tiny model's shapes; for one row oneDNN's prepacked product takes
-    another kernel at an input of 1,536 (hence PREPACKED_MIN_ROWS)."""
+@pytest.mark.parametrize("fmt,product", PRODUCTS)
+@pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576), (64, 192), (128, 64), (64, 272)])
+def test_rows_are_batch_invariant_in_every_format(threads, fmt, product, shape):
+    """SmolLM2's and the tiny model's shapes, and 17 panels of 16 outputs (one row takes four
+    panels at a time in the engine's fp32 kernel, two rows two, the last on its own; more rows
+    tiles of up to five); for one row oneDNN's prepacked product takes another kernel at an input
+    of 1,536 (hence PREPACKED_MIN_ROWS)."""
     cols, out = shape
     g = torch.Generator().manual_seed(1)
-    layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5, prepack=prepack)
+    layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5, product=product)
     x = torch.randn(70, cols, generator=g)
     full = layer(x)
     for n in range(1, 70):
@@ -88,13 +109,35 @@ def test_rows_are_batch_invariant_in_every_format(threads, fmt, prepack, shape):
         assert torch.equal(layer(x[n - 1:n].clone())[0], full[n - 1]), f"row {n - 1} alone"
 
 
-def test_prepacked_weights_keep_their_size_and_pad_one_row():
+def test_packed_weights_keep_their_size_and_pad_only_for_oneDNN():
     w = torch.randn(96, 64)
     for fmt, size in [("fp32", 4)] + ([("bf16", 2)] if BF16_PACKS else []):
-        layer = PackedLinear(fmt, w, prepack=True)
+        layer = PackedLinear(fmt, w, product=ONEDNN)
         assert layer.nbytes == 96 * 64 * size and layer.min_rows == PREPACKED_MIN_ROWS
-    assert PackedLinear("fp32", w, prepack=False).min_rows == 4
-    assert PackedLinear("fp32", w, prepack=False).tensors[0] is w     # plain fp32: no copy
+    assert PackedLinear("fp32", w, product=PLAIN).min_rows == 4
+    assert PackedLinear("fp32", w, product=PLAIN).tensors[0] is w     # plain fp32: no copy
+
+
+@NO_F32_KERNEL
+@pytest.mark.parametrize("fmt,size", [("fp32", 4), ("bf16", 2)])
+def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size):
+    """f32_matmul: y[i][j] = fma(x[k], w[k], ...) over k in order from 0, in fp32 (the bf16 weights
+    widened exactly; bf16 rounds the activations and the result to bfloat16). Checked against
+    that chain computed in float64 with a rounding to fp32 after every multiply-add (a fused
+    multiply-add rounds once, and a float64 product of two fp32 values is exact)."""
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(32, 48, generator=g)
+    x = torch.randn(3, 48, generator=g)
+    layer = PackedLinear(fmt, w, product=OWN)
+    assert layer.nbytes == 32 * 48 * size and layer.min_rows == 1
+    xs = x.to(layer.dtype).double()
+    ws = w.to(layer.dtype).double()
+    acc = torch.zeros(3, 32, dtype=torch.float64)
+    for k in range(48):
+        acc = (acc + xs[:, k:k + 1] * ws[:, k]).float().double()
+    assert torch.equal(layer(x), acc.float().to(layer(x).dtype))
+    with pytest.raises(RuntimeError, match="packed for 48"):
+        layer.f32.f32_matmul(torch.randn(2, 64), *layer.tensors)
 
 
 def test_q4_1_round_trips_its_own_dequantized_weights():
@@ -137,8 +180,8 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights():
     g = torch.Generator().manual_seed(3)
     q, d, m = quantize_q4_1(torch.randn(64, 96, generator=g))
     x = torch.randn(5, 96, generator=g)
-    layer = PackedLinear("q4_1", torch.empty(64, 96), q4_blocks=(q, d, m), prepack=True)
-    assert layer.prepacked and layer.nbytes == 64 * 96 // 2 + 64 * 96 // 32 * 2 * 2
+    layer = PackedLinear("q4_1", torch.empty(64, 96), q4_blocks=(q, d, m), product=OWN)
+    assert layer.nbytes == 64 * 96 // 2 + 64 * 96 // 32 * 2 * 2
     w = dequantize_q4_1(q, d, m).double()
     if q4_kernel_isa() == "avx512bf16":
         ref = x.to(torch.bfloat16).double() @ w.T
@@ -152,7 +195,7 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights():
 
 @NO_Q4_KERNEL
 def test_the_q4_1_kernel_checks_its_inputs():
-    layer = PackedLinear("q4_1", torch.randn(32, 64), prepack=True)
+    layer = PackedLinear("q4_1", torch.randn(32, 64), product=OWN)
     with pytest.raises(RuntimeError, match="packed for 64"):
         layer.q4.q4_matmul(torch.randn(2, 96), *layer.tensors)
 
@@ -173,15 +216,15 @@ def test_the_q8_0_kernel_is_built_where_the_q4_1_kernel_uses_avx2():
     assert PackedQ8_0(torch.ones(32, 64)).prepacked == ({"avx2", "fma", "f16c"} <= flags)
 
 
-@pytest.mark.parametrize("prepack", [pytest.param(None, marks=NO_Q8_KERNEL), False])
-def test_q8_0_multiplies_by_the_dequantized_weights(prepack):
+@pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
+def test_q8_0_multiplies_by_the_dequantized_weights(product):
     """The kernel: the activations, rounded to 16-bit integers per group of 32 (at most 2^-16 of
     the group's largest off), times w = d*q, to fp32 rounding. The fallback (two 4-bit products,
     16d*hi + d*lo, PyTorch's int4 kernel) rounds the activations and its output to bfloat16."""
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(256, 96, generator=g)
-    head = PackedQ8_0(weight, prepack=prepack)
-    assert head.prepacked == (prepack is None)
+    head = PackedQ8_0(weight, product=product)
+    assert head.prepacked == (product is OWN)
     q, d = quantize_q8_0(weight)
     w = (q.float() * d.repeat_interleave(32, 1)).double()
     x = torch.randn(5, 96, generator=g)
@@ -196,14 +239,14 @@ def test_q8_0_multiplies_by_the_dequantized_weights(prepack):
         assert (y - ref).abs().max().item() < 0.02 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("prepack", [pytest.param(None, marks=NO_Q8_KERNEL), False])
+@pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
 @pytest.mark.parametrize("shape", [(576, 49152 // 16), (64, 272)])
-def test_q8_0_rows_are_batch_invariant(threads, prepack, shape):
+def test_q8_0_rows_are_batch_invariant(threads, product, shape):
     """SmolLM2's head's input size (with a sixteenth of its outputs) and 17 panels of 16 outputs:
     one row takes four panels at a time (and the last on its own), several rows tiles of up to four."""
     cols, out = shape
     g = torch.Generator().manual_seed(5)
-    head = PackedQ8_0(torch.randn(out, cols, generator=g) / cols ** 0.5, prepack=prepack)
+    head = PackedQ8_0(torch.randn(out, cols, generator=g) / cols ** 0.5, product=product)
     x = torch.randn(70, cols, generator=g)
     full = head(x)
     for n in range(1, 70):

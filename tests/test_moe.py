@@ -111,7 +111,9 @@ def test_all_16_experts_equal_dense_on_the_real_model(smollm_loaded):
             # (SmolLM2's massive activations), where one rounding step is ~0.002
             assert (y - moe_block.mlp(x)).abs().max() <= 2e-6 * max(1.0, y.abs().max().item()), i
         moe_logits = moe.score(ids)
-    assert (moe_logits - dense_logits).abs().max() <= 1e-4                          # 5.7e-5 when measured
+    # fp32 rounding through 30 layers: 1.0e-4 measured with logits up to 15.7 (the engine's fp32
+    # kernel sums each output in one chain over k; oneDNN's blocked sums gave 5.7e-5)
+    assert (moe_logits - dense_logits).abs().max() <= 2e-5 * dense_logits.abs().max()
     assert torch.equal(moe_logits.argmax(-1), dense_logits.argmax(-1))
 
 

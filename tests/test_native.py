@@ -7,6 +7,7 @@ import pytest
 from test_attention import assert_bit_identical, invariance_cases
 
 from core import native
+from core.gemm import Product
 
 FORMATS = ["fp32", "bf16", "q4_1"]
 TEXT = "The quick brown fox jumps over the lazy dog, again and again."
@@ -36,12 +37,21 @@ def test_cpp_and_python_give_the_same_bits_tiny(make_tiny_engine, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cpp_and_python_give_the_same_bits_without_prepacking(make_tiny_engine, monkeypatch, fmt):
-    """Where PyTorch has no oneDNN, or the CPU neither AVX-512 BF16 nor AVX2, the products are the
+    """Where PyTorch has no oneDNN, and the CPU neither AVX-512 BF16 nor AVX2, the products are the
     plain ones (PyTorch's int4 kernel for q4_1), in C++ as in Python."""
     monkeypatch.setattr("core.gemm.prepacking_available", lambda dtype=None: False)
     monkeypatch.setattr("core.gemm.q4_kernel", lambda: None)
-    assert not make_tiny_engine(weight_format=fmt).model.layers[0].mlp.down_proj.kernel.prepacked
+    monkeypatch.setattr("core.gemm.f32_kernel", lambda: None)
+    assert make_tiny_engine(weight_format=fmt).model.layers[0].mlp.down_proj.kernel.product is Product.PLAIN
     assert_bit_identical(python_and_native(make_tiny_engine, fmt))
+
+
+def test_cpp_and_python_give_the_same_bits_on_onednn(make_tiny_engine, monkeypatch):
+    """Where the CPU lacks AVX2 and FMA, fp32 multiplies on oneDNN's prepacked weights, rows padded
+    to two, in C++ as in Python."""
+    monkeypatch.setattr("core.gemm.f32_kernel", lambda: None)
+    assert make_tiny_engine(weight_format="fp32").model.layers[0].mlp.down_proj.kernel.product is Product.ONEDNN
+    assert_bit_identical(python_and_native(make_tiny_engine, "fp32"))
 
 
 @pytest.mark.real_model

@@ -17,11 +17,13 @@
 namespace {
 
 enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2 };
+enum Product : int64_t { OWN = 0, ONEDNN = 1, PLAIN = 2 };  // gemm.Product, as native.py numbers it
 
-// How gemm.PackedLinear multiplies, handed over by native.py: prepacked (fp32 and bf16 for oneDNN,
-// q4_1 for q4_matmul) or plain, the fewest rows a product runs with (PackedLinear.min_rows), Q4_GROUP.
+// How gemm.PackedLinear multiplies, handed over by native.py: with the engine's kernels (f32_matmul,
+// q4_matmul), oneDNN's on prepacked weights, or PyTorch's plain products; the fewest rows a product
+// runs with (PackedLinear.min_rows); Q4_GROUP.
 struct Products {
-  bool prepacked;
+  Product product;
   int64_t min_rows, q4_group;
 };
 
@@ -50,12 +52,16 @@ struct Linear {
 
   at::Tensor operator()(const at::Tensor& x, Format fmt, const Products& p) const {
     if (fmt == Q4_1) {
-      return p.prepacked ? sendlens::q4_matmul(x, w[0], w[1])
-                         : at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
+      return p.product == OWN ? sendlens::q4_matmul(x, w[0], w[1])
+                              : at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
+    }
+    if (p.product == OWN) {
+      return fmt == FP32 ? sendlens::f32_matmul(x, w[0])
+                         : sendlens::f32_matmul(x.to(at::kBFloat16), w[0]).to(at::kBFloat16);
     }
     const int64_t n = x.size(0);
     const at::Tensor padded = pad_rows(x.to(fmt == FP32 ? at::kFloat : at::kBFloat16), p.min_rows);
-    return (p.prepacked ? linear_prepacked(padded, w[0]) : at::linear(padded, w[0])).slice(0, 0, n);
+    return (p.product == ONEDNN ? linear_prepacked(padded, w[0]) : at::linear(padded, w[0])).slice(0, 0, n);
   }
 };
 
@@ -68,9 +74,9 @@ class Decoder {
  public:
   Decoder(int64_t fmt, at::Tensor embed, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
           std::vector<std::vector<at::Tensor>> layers, int64_t H, int64_t Hkv, int64_t D, double eps,
-          bool prepacked, int64_t min_rows, int64_t q4_group)
+          int64_t product, int64_t min_rows, int64_t q4_group)
       : fmt_(static_cast<Format>(fmt)), embed_(embed), final_norm_(final_norm), cos_(cos), sin_(sin),
-        H_(H), Hkv_(Hkv), D_(D), eps_(eps), products_{prepacked, min_rows, q4_group} {
+        H_(H), Hkv_(Hkv), D_(D), eps_(eps), products_{static_cast<Product>(product), min_rows, q4_group} {
     const size_t per_linear = fmt_ == Q4_1 ? 2 : 1;
     for (auto& t : layers) {  // attn_norm, mlp_norm, then qkv, o, gate_up, down
       TORCH_CHECK(t.size() == 2 + 4 * per_linear, "a layer takes ", 2 + 4 * per_linear, " tensors");
@@ -132,7 +138,7 @@ class Decoder {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, bool, int64_t,
+                    std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, int64_t, int64_t,
                     int64_t>())
       .def("forward", &Decoder::forward);
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
@@ -141,6 +147,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &sendlens::silu_mul, py::call_guard<py::gil_scoped_release>());
+  m.def("f32_matmul_available", &sendlens::f32_matmul_available);
+  m.def("f32_matmul", &sendlens::f32_matmul, py::call_guard<py::gil_scoped_release>());
   m.def("q4_matmul_isa", &sendlens::q4_matmul_isa);
   m.def("q4_matmul", &sendlens::q4_matmul, py::call_guard<py::gil_scoped_release>());
   m.def("q8_matmul_available", &sendlens::q8_matmul_available);

@@ -1,6 +1,6 @@
 // The engine's own kernels: paged attention (paged_attention.cpp), RMSNorm (rms_norm.cpp), rotary
-// embedding (rotary.cpp), SwiGLU's silu(gate) * up (silu_mul.cpp), Q4_1 and Q8_0 products
-// (q4_matmul.cpp, q8_matmul.cpp), each computing every row on its own by construction, so that no
+// embedding (rotary.cpp), SwiGLU's silu(gate) * up (silu_mul.cpp), fp32, Q4_1 and Q8_0 products
+// (f32_matmul.cpp, q4_matmul.cpp, q8_matmul.cpp), each computing every row on its own by construction, so that no
 // result depends on the batch.
 #pragma once
 
@@ -34,6 +34,13 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 // silu(gate) * up from gate_up: (T, 2I) float or bfloat16 (gate first), I a multiple of 16 -> (T, I).
 at::Tensor silu_mul(const at::Tensor& gate_up);
+
+// Whether f32_matmul runs here (it needs AVX2 and FMA).
+bool f32_matmul_available();
+
+// x W^T summed in fp32, for weights packed by gemm.pack_f32_native: x (M, K) float or bfloat16,
+// w (N/16, K, 16) float or bfloat16 -> (M, N) float.
+at::Tensor f32_matmul(const at::Tensor& x, const at::Tensor& w);
 
 // The instruction set q4_matmul is built for here: "avx512bf16" (x rounded to bfloat16), "avx2"
 // (x rounded to 16-bit integers per group of 32), or "" where the CPU has neither (then

@@ -1,0 +1,162 @@
+// x W^T for fp32 or bfloat16 weights, summed in fp32: the engine's own product for the fp32 format
+// (and for bf16 where oneDNN cannot pack bfloat16 weights, gemm.py). Each output is
+//   y[i][j] = fma(x[i][K-1], w[j][K-1], ... fma(x[i][1], w[j][1], x[i][0] * w[j][0] + 0) ...)
+// one chain of fused multiply-adds over k in order, in one vector lane, whatever the number of rows,
+// the tile they fall in, or the threads (which split columns only): batch-invariant by
+// construction, so no row is ever padded. The classic GEMM micro-kernel (a row's x[k] broadcast
+// against 16 columns' w[k], as in BLIS and GotoBLAS) already sums in exactly this order; what it
+// adds here is a tile for every number of rows, from a decode step's one to a prompt's hundreds.
+//
+// One row (a decode step) is one multiply-add per weight, so it runs at the speed memory streams
+// the weights: 4 panels at once keep 8 chains going to hide the multiply-add's latency. Three rows
+// or more take tiles of up to 5 rows by one panel (10 sums, the panel's two vectors and a
+// broadcast in AVX2's 16 registers), each panel read once per tile from L2.
+//
+// Layout (gemm.pack_f32_native), per panel of 16 output columns: (N/16, K, 16), the 16 columns'
+// weights at k contiguous (one 64-byte line in fp32, 32 bytes in bfloat16).
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SENDLENS_F32 1
+#endif
+
+namespace sendlens {
+
+bool f32_matmul_available() {
+#ifdef SENDLENS_F32
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef SENDLENS_F32
+namespace {
+
+constexpr int64_t MAX_ROWS = 5;    // rows of a many-row tile (10 sums in registers)
+constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (8 chains)
+constexpr int PANELS_TWO_ROWS = 2; // and of two rows (8 chains)
+
+// Columns 0-7 and 8-15 of a panel at one k, as fp32.
+inline void load16(const float* p, __m256& lo, __m256& hi) {
+  lo = _mm256_loadu_ps(p);
+  hi = _mm256_loadu_ps(p + 8);
+}
+inline void load16(const at::BFloat16* p, __m256& lo, __m256& hi) {  // bfloat16 is fp32's top half
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+  hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+}
+
+// R rows (R <= 2) times NP adjacent panels: y (R, 16 NP), row strides K and ldy.
+template <int R, int NP, typename W>
+void tile_wide(const float* x, int64_t K, const W* w, float* y, int64_t ldy) {
+  __m256 acc[R][NP][2];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    for (int p = 0; p < NP; ++p) {
+      __m256 lo, hi;
+      load16(w + (p * K + k) * 16, lo, hi);
+      for (int r = 0; r < R; ++r) {
+        const __m256 a = _mm256_broadcast_ss(x + r * K + k);
+        acc[r][p][0] = _mm256_fmadd_ps(a, lo, acc[r][p][0]);
+        acc[r][p][1] = _mm256_fmadd_ps(a, hi, acc[r][p][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < NP; ++p) {
+      _mm256_storeu_ps(y + r * ldy + 16 * p, acc[r][p][0]);
+      _mm256_storeu_ps(y + r * ldy + 16 * p + 8, acc[r][p][1]);
+    }
+}
+
+// R rows (R <= 5) times one panel. The sums are named variables, not an array: GCC keeps an array
+// of ten vectors in memory and stores it on every k (a third of the speed).
+template <int R, typename W>
+void tile_tall(const float* x, int64_t K, const W* w, float* y, int64_t ldy) {
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z;
+  const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K, *x4 = x + 4 * K;
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 lo, hi, a;
+    load16(w + k * 16, lo, hi);
+#define SENDLENS_ROW(r)                                                      \
+  if constexpr (R > r) {                                                     \
+    a = _mm256_broadcast_ss(x##r + k);                                       \
+    c##r##0 = _mm256_fmadd_ps(a, lo, c##r##0);                               \
+    c##r##1 = _mm256_fmadd_ps(a, hi, c##r##1);                               \
+  }
+    SENDLENS_ROW(0) SENDLENS_ROW(1) SENDLENS_ROW(2) SENDLENS_ROW(3) SENDLENS_ROW(4)
+#undef SENDLENS_ROW
+  }
+  const __m256 out[5][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}};
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(y + r * ldy, out[r][0]);
+    _mm256_storeu_ps(y + r * ldy + 8, out[r][1]);
+  }
+}
+
+template <int R, typename W>
+void tile_rows(const float* x, int64_t K, const W* w, float* y, int64_t ldy, int64_t rows) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<R - 1>(x, K, w, y, ldy, rows);
+  }
+  tile_tall<R>(x, K, w, y, ldy);
+}
+
+// One or two rows: NP panels at a time, the last few one by one.
+template <int R, int NP, typename W>
+void few_rows(const float* x, int64_t K, const W* w, int64_t P, float* y, int64_t N) {
+  at::parallel_for(0, (P + NP - 1) / NP, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin * NP; c < std::min(P, end * NP); c += NP) {
+      if (c + NP <= P) {
+        tile_wide<R, NP>(x, K, w + c * K * 16, y + c * 16, N);
+      } else {
+        for (int64_t e = c; e < P; ++e) tile_wide<R, 1>(x, K, w + e * K * 16, y + e * 16, N);
+      }
+    }
+  });
+}
+
+template <typename W>
+void matmul(const float* x, int64_t M, int64_t K, const W* w, int64_t P, float* y) {
+  const int64_t N = P * 16;
+  if (M == 1) return few_rows<1, PANELS_ONE_ROW>(x, K, w, P, y, N);
+  if (M == 2) return few_rows<2, PANELS_TWO_ROWS>(x, K, w, P, y, N);
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)  // the panel stays in L2 while every tile of rows reads it
+      for (int64_t r = 0; r < M; r += MAX_ROWS)
+        tile_rows<MAX_ROWS>(x + r * K, K, w + c * K * 16, y + r * N + c * 16, N, std::min(MAX_ROWS, M - r));
+  });
+}
+
+}  // namespace
+#endif
+
+at::Tensor f32_matmul(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(f32_matmul_available(), "f32_matmul: this build has no AVX2 and FMA (use gemm.linear)");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && w.size(2) == 16 &&
+                  (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "f32_matmul: x (M, K), w (N/16, K, 16) float or bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), P = w.size(0);
+  TORCH_CHECK(w.size(1) == K, "f32_matmul: x has ", K, " columns; the weights were packed for ", w.size(1));
+  at::Tensor y = at::empty({M, P * 16}, x.options().dtype(at::kFloat));
+#ifdef SENDLENS_F32
+  const at::Tensor xf = x.to(at::kFloat).contiguous(), wc = w.contiguous();
+  if (wc.scalar_type() == at::kFloat)
+    matmul(xf.data_ptr<float>(), M, K, wc.data_ptr<float>(), P, y.data_ptr<float>());
+  else
+    matmul(xf.data_ptr<float>(), M, K, wc.data_ptr<at::BFloat16>(), P, y.data_ptr<float>());
+#endif
+  return y;
+}
+
+}  // namespace sendlens
