@@ -131,10 +131,21 @@ void matmul(const float* x, int64_t M, int64_t K, const W* w, int64_t P, float* 
   const int64_t N = P * 16;
   if (M == 1) return few_rows<1, PANELS_ONE_ROW>(x, K, w, P, y, N);
   if (M == 2) return few_rows<2, PANELS_TWO_ROWS>(x, K, w, P, y, N);
+  const int64_t tiles = (M + MAX_ROWS - 1) / MAX_ROWS, panel_bytes = K * 16 * sizeof(W);
+  const int64_t ahead = (panel_bytes / 64 + tiles - 1) / tiles;  // lines of the next panel per tile
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c)  // the panel stays in L2 while every tile of rows reads it
-      for (int64_t r = 0; r < M; r += MAX_ROWS)
+    for (int64_t c = begin; c < end; ++c) {  // the panel stays in L2 while every tile of rows reads it
+      const char* next = reinterpret_cast<const char*>(w + (c + 1) * K * 16);
+      for (int64_t t = 0; t < tiles; ++t) {
+        // the next panel comes from memory a few lines per tile, so that its first tile does not
+        // wait for it (the hardware prefetcher stops at each 4 KB page; a panel is 36 KB and more)
+        if (c + 1 < end)
+          for (int64_t l = t * ahead; l < std::min(panel_bytes / 64, (t + 1) * ahead); ++l)
+            _mm_prefetch(next + l * 64, _MM_HINT_T1);
+        const int64_t r = t * MAX_ROWS;
         tile_rows<MAX_ROWS>(x + r * K, K, w + c * K * 16, y + r * N + c * 16, N, std::min(MAX_ROWS, M - r));
+      }
+    }
   });
 }
 
