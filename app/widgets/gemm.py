@@ -15,8 +15,8 @@ and q4_1 (the 4-bit format the server serves; in q4_1 the LM head is PackedQ8_0,
 8-bit embedding, as the engine runs it), on weights of each layer's shape
 (values do not change the time). The job times one shape at one row count per slice (a warm-up
 call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory read
-bandwidth and matmul peak in the format (a square product hot in cache; in q4_1 through the 4-bit
-kernel), best of TRIES, one try per slice. The largest slice is the LM head at 256 rows: one call,
+bandwidth and matmul peak in the format (a square product hot in cache, through the same product
+as the points), best of TRIES, one try per slice. The largest slice is the LM head at 256 rows: one call,
 about 0.2 s in fp32 on two threads.
 
 Message: `gemm` {format, max_rows, run} -> a job (cached by its inputs; `run` is the reader's
@@ -131,16 +131,12 @@ def time_product(weight, rows: int, k: int) -> float:
 
 
 def matmul_peak(format: str) -> float:
-    """FLOP/s of one (N, N) @ (N, N) product in the format, hot in cache (compute-bound): a plain
-    matmul in fp32 or bf16, the engine's 4-bit kernel in q4_1."""
-    if format == "q4_1":
-        a, multiply = torch.randn(PEAK_SIZE, PEAK_SIZE), PackedLinear(WeightFormat.Q4_1, torch.randn(PEAK_SIZE, PEAK_SIZE))
-    else:
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[format]
-        a, b = torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype), torch.randn(PEAK_SIZE, PEAK_SIZE).to(dtype)
-
-        def multiply(x):
-            return x @ b
+    """FLOP/s of one (N, N) @ (N, N) product in the format, hot in cache (compute-bound), through
+    the engine's own product for it (PackedLinear), the one the points are timed on: a roof from
+    another kernel would not bound them (oneDNN's plain bf16 matmul runs at about 1 GFLOP/s on a
+    CPU without AVX-512 BF16, where the engine's bf16 runs at tens)."""
+    a = torch.randn(PEAK_SIZE, PEAK_SIZE)
+    multiply = PackedLinear(WeightFormat(format), torch.randn(PEAK_SIZE, PEAK_SIZE))
     multiply(a)
     t0 = time.perf_counter()
     multiply(a)
