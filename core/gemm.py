@@ -20,7 +20,8 @@ every format bit for bit, alone against batched, with one and two threads.
   linears), its dot products in AVX512-BF16; oneDNN takes another kernel for a single row at some
   shapes (an input of 1,536 here), so rows are padded to PREPACKED_MIN_ROWS. Elsewhere (an
   AVX2-only CPU, where oneDNN's bf16 is reference code at about 1 GFLOP/s) the engine's fp32
-  kernel reads the bfloat16 weights, widening each to fp32 on load: the same chains, half the bytes.
+  kernel reads the bfloat16 weights and widens them to fp32 (exactly; for many rows once per
+  panel): the same chains, half the bytes.
 - Without the engine's extension, fp32 takes oneDNN's prepacked product (padded as above) and,
   without oneDNN, MKL's sgemm padded to whole MIN_GEMM_ROWS-row panels (a partial panel goes to
   another kernel); bf16 takes a plain product with one row padded to BF16_MIN_ROWS. The plain
@@ -217,12 +218,13 @@ class PackedQ8_0:
 
     def __init__(self, weight: torch.Tensor, product: Product | None = None):
         self.out_features, self.in_features = weight.shape
+        product = None if product is None else Product(product)
         q, d = quantize_q8_0(weight)
         ext = q4_kernel() if self.out_features % 16 == 0 else None
         self.q8 = ext if ext is not None and ext.q8_matmul_available() else None
-        if product is not None and Product(product) not in (Product.OWN, Product.PLAIN):
+        if product not in (None, Product.OWN, Product.PLAIN):
             raise InvalidParameter("product", f"a Q8_0 weight is multiplied by the engine's kernel (own) or "
-                                              f"by PyTorch's int4 kernel (plain), not {Product(product).value}")
+                                              f"by PyTorch's int4 kernel (plain), not {product.value}")
         if product is Product.OWN and self.q8 is None:
             raise InvalidParameter("product", "the engine's Q8_0 kernel does not run here (it needs AVX2)")
         self.prepacked = self.q8 is not None and product is not Product.PLAIN

@@ -259,3 +259,9 @@ def test_the_q8_0_kernel_checks_its_inputs():
     head = PackedQ8_0(torch.randn(32, 64))
     with pytest.raises(RuntimeError, match="packed for 64"):
         head.q8.q8_matmul(torch.randn(2, 96), *head.tensors)
+
+
+def test_q8_0_takes_its_own_kernel_or_the_plain_halves_only():
+    with pytest.raises(InvalidParameter, match="product"):
+        PackedQ8_0(torch.ones(32, 64), product="onednn")
+    assert not PackedQ8_0(torch.ones(32, 64), product="plain").prepacked
