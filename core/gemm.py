@@ -259,11 +259,15 @@ def products_here(fmt: WeightFormat, out_features: int) -> list[Product]:
     """The products a weight of the format with `out_features` outputs can take on this machine,
     fastest first. The engine's kernels need a whole number of 16-column panels."""
     fmt = WeightFormat(fmt)
-    own = out_features % 16 == 0 and (q4_kernel() if fmt is WeightFormat.Q4_1 else f32_kernel()) is not None
-    found = [Product.OWN] if own else []
-    if fmt is not WeightFormat.Q4_1 and prepacking_available(torch.float32 if fmt is WeightFormat.FP32 else torch.bfloat16):
-        found.insert(0 if fmt is WeightFormat.BF16 else len(found), Product.ONEDNN)  # AVX512-BF16 dot products
-    return found + [Product.PLAIN]
+    kernel = q4_kernel() if fmt is WeightFormat.Q4_1 else f32_kernel()
+    own = [Product.OWN] if out_features % 16 == 0 and kernel is not None else []
+    if fmt is WeightFormat.Q4_1:
+        return own + [Product.PLAIN]
+    dtype = torch.float32 if fmt is WeightFormat.FP32 else torch.bfloat16
+    onednn = [Product.ONEDNN] if prepacking_available(dtype) else []
+    # oneDNN packs bfloat16 only where it has AVX512-BF16 dot products, and there they are fastest
+    fastest = onednn + own if fmt is WeightFormat.BF16 else own + onednn
+    return fastest + [Product.PLAIN]
 
 
 class PackedLinear:

@@ -16,8 +16,8 @@ and q4_1 (the 4-bit format the server serves; in q4_1 the LM head is PackedQ8_0,
 (values do not change the time). The job times one shape at one row count per slice (a warm-up
 call, then the best of up to REPEATS within SLICE_S), then measures the machine: memory read
 bandwidth and matmul peak in the format (a square product hot in cache, through the same product
-as the points), best of TRIES, one try per slice. The largest slice is the LM head at 256 rows: one call,
-about 0.2 s in fp32 on two threads.
+as the points), best of TRIES, one try per slice. The largest slice is the LM head at 256 rows:
+one call, about 0.2 s in fp32 on two threads.
 
 Message: `gemm` {format, max_rows, run} -> a job (cached by its inputs; `run` is the reader's
 "measure again" counter). The reply carries the machine, its threads and the time it ran.
