@@ -166,14 +166,24 @@ def q4_kernel_isa() -> str:
     return ext.q4_matmul_isa() if ext is not None else ""
 
 
-def pack_q4_1_native(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_1 blocks (q (out, in) in 0..15, d and m (out, in/32)) -> the layout q4_matmul reads, per
-    panel of 16 output columns: nibbles (out/16, in/4, 32) uint8, where byte b of unit u holds
-    column b/2's q at k = 4u + b%2 (low nibble) and at k = 4u + 2 + b%2 (high nibble), and dm
-    (out/16, in/32, 2, 16) fp16: each group's d, then m."""
+def pack_q4_1_native(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                     isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_1 blocks (q (out, in) in 0..15, d and m (out, in/32)) -> the layout q4_matmul reads for
+    `isa` (q4_kernel_isa()'s, by default), per panel of 16 output columns: nibbles (out/16, in/4, 32)
+    uint8 and dm (out/16, in/32, 2, 16) fp16, each group's d, then m.
+    - avx512bf16, in units of 4 k: byte b of unit u holds column b/2's q at k = 4u + b%2 (low
+      nibble) and at k = 4u + 2 + b%2 (high nibble): the pairs VDPBF16PS reads.
+    - avx2, in octets of 8 k, 32 bytes for each 8 columns: column c's 32-bit lane holds its q at
+      k = 8o + 2j in bits 4j..4j+3 and at k = 8o + 2j + 1 in bits 16+4j..19+4j (j = 0..3), so a
+      shift and a mask give the 16-bit pairs VPMADDWD reads."""
     N, K = q.shape
-    t = q.to(torch.uint8).view(N // 16, 16, K // 4, 2, 2).permute(0, 2, 3, 1, 4).reshape(N // 16, K // 4, 2, 32)
-    nibbles = (t[:, :, 0] | (t[:, :, 1] << 4)).contiguous()
+    isa = q4_kernel_isa() if isa is None else isa
+    q = q.to(torch.uint8)
+    if isa == "avx2":  # (panel, half, column, octet, j // 2, j % 2, k % 2) -> k % 2, j // 2 pick the byte
+        t = q.view(N // 16, 2, 8, K // 8, 2, 2, 2).permute(0, 3, 1, 2, 6, 4, 5).reshape(N // 16, K // 4, 32, 2)
+    else:              # (panel, column, unit, k % 4 // 2, k % 2) -> 2 * column + k % 2 picks the byte
+        t = q.view(N // 16, 16, K // 4, 2, 2).permute(0, 2, 1, 4, 3).reshape(N // 16, K // 4, 32, 2)
+    nibbles = (t[..., 0] | (t[..., 1] << 4)).contiguous()            # the last axis: low, high nibble
     dm = torch.stack([v.view(N // 16, 16, K // Q4_GROUP).transpose(1, 2) for v in (d, m)], dim=2)
     return nibbles, dm.half().contiguous()
 

@@ -8,8 +8,8 @@ import torch
 from core.config import WeightFormat
 from core.errors import InvalidParameter
 from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
-                       pack_q4_1, pad_rows, prepacking_available, products_here, q4_kernel, q4_kernel_isa,
-                       quantize_q4_1, quantize_q8_0)
+                       pack_q4_1, pack_q4_1_native, pad_rows, prepacking_available, products_here, q4_kernel,
+                       q4_kernel_isa, quantize_q4_1, quantize_q8_0)
 
 
 def cpu_flags() -> set[str]:
@@ -191,6 +191,33 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights():
         bound = (x.reshape(5, 3, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double() @ w.abs().T
         assert ((layer(x).double() - ref).abs() <= bound + 1e-5 * ref.abs().max()).all()
         assert (layer(x).double() - ref).abs().max().item() > 0      # rounded, not exact
+
+
+def test_each_q4_1_layout_puts_every_q_where_its_kernel_reads_it():
+    """pack_q4_1_native, read back by the rule its docstring states for each instruction set (the
+    AVX-512 one is checked here too, where its kernel cannot run): every q at its place, once."""
+    g = torch.Generator().manual_seed(5)
+    N, K = 32, 64
+    q = torch.randint(0, 16, (N, K), generator=g)
+    d, m = torch.rand(N, K // 32, generator=g), torch.rand(N, K // 32, generator=g)
+    n = torch.arange(N)[:, None].expand(N, K)
+    k = torch.arange(K)[None, :].expand(N, K)
+    panel, col = n // 16, n % 16
+    for isa in ("avx2", "avx512bf16"):
+        nibbles, dm = pack_q4_1_native(q, d, m, isa=isa)
+        assert nibbles.shape == (N // 16, K // 4, 32) and nibbles.dtype == torch.uint8
+        flat = nibbles.view(N // 16, -1).long()
+        if isa == "avx2":   # octet k // 8, half col // 8, a 32-bit lane per column; k % 2 picks the 16-bit half
+            j = (k % 8) // 2
+            byte = (k // 8) * 64 + (col // 8) * 32 + (col % 8) * 4 + 2 * (k % 2) + j // 2
+            shift = 4 * (j % 2)
+        else:               # unit k // 4, byte 2 * col + k % 2, the high nibble for k % 4 >= 2
+            byte = (k // 4) * 32 + 2 * col + k % 2
+            shift = 4 * ((k % 4) // 2)
+        assert torch.equal((flat[panel, byte] >> shift) & 15, q), isa
+        assert len(set((panel * 10**6 + byte * 8 + shift).flatten().tolist())) == N * K   # no place twice
+        assert torch.equal(dm[panel, k // 32, 0, col].float(), d.half().float()[n, k // 32])
+        assert torch.equal(dm[panel, k // 32, 1, col].float(), m.half().float()[n, k // 32])
 
 
 @NO_Q4_KERNEL

@@ -14,10 +14,11 @@
 // One or two rows take several 16-column panels at once (independent chains, to hide the FMA's
 // latency); more rows expand each panel's q once into a buffer that tiles of rows read.
 //
-// Layout (gemm.pack_q4_1_native), per panel of 16 output columns: nibbles (N/16, K/4, 32) uint8,
-// byte b of unit u holding column b/2's q at k = 4u + b%2 in its low nibble and at k = 4u + 2 + b%2
-// in its high one (so the two halves are the pairs VDPBF16PS reads); dm (N/16, K/32, 2, 16) fp16:
-// each group's d, then m, for the 16 columns.
+// Layout (gemm.pack_q4_1_native), per panel of 16 output columns: nibbles (N/16, K/4, 32) uint8
+// in the order the instruction set's inner loop reads them (AVX-512: units of 4 k, the two halves
+// of a byte the pairs VDPBF16PS reads; AVX2: octets of 8 k, a 32-bit lane per column that shifts
+// and masks turn into VPMADDWD's pairs; each header says how); dm (N/16, K/32, 2, 16) fp16: each
+// group's d, then m, for the 16 columns.
 
 #include <ATen/Parallel.h>
 
