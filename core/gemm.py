@@ -178,6 +178,8 @@ def pack_q4_1_native(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
       shift and a mask give the 16-bit pairs VPMADDWD reads."""
     N, K = q.shape
     isa = q4_kernel_isa() if isa is None else isa
+    if isa not in ("avx2", "avx512bf16"):
+        raise InvalidParameter("isa", f"the Q4_1 kernel has layouts for 'avx2' and 'avx512bf16', not {isa!r}")
     q = q.to(torch.uint8)
     if isa == "avx2":  # (panel, half, column, octet, j // 2, j % 2, k % 2) -> k % 2, j // 2 pick the byte
         t = q.view(N // 16, 2, 8, K // 8, 2, 2, 2).permute(0, 3, 1, 2, 6, 4, 5).reshape(N // 16, K // 4, 32, 2)

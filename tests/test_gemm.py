@@ -218,6 +218,8 @@ def test_each_q4_1_layout_puts_every_q_where_its_kernel_reads_it():
         assert len(set((panel * 10**6 + byte * 8 + shift).flatten().tolist())) == N * K   # no place twice
         assert torch.equal(dm[panel, k // 32, 0, col].float(), d.half().float()[n, k // 32])
         assert torch.equal(dm[panel, k // 32, 1, col].float(), m.half().float()[n, k // 32])
+    with pytest.raises(InvalidParameter, match="isa"):
+        pack_q4_1_native(q, d, m, isa="neon")
 
 
 @NO_Q4_KERNEL
