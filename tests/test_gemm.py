@@ -120,23 +120,26 @@ def test_packed_weights_keep_their_size_and_pad_only_for_oneDNN():
 
 @NO_F32_KERNEL
 @pytest.mark.parametrize("fmt,size", [("fp32", 4), ("bf16", 2)])
-def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size):
+@pytest.mark.parametrize("rows,cols", [(3, 48), (7, 300)])
+def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size, rows, cols):
     """f32_matmul: y[i][j] = fma(x[k], w[k], ...) over k in order from 0, in fp32 (the bf16 weights
     widened exactly; bf16 rounds the activations and the result to bfloat16). Checked against
     that chain computed in float64 with a rounding to fp32 after every multiply-add (a fused
-    multiply-add rounds once, and a float64 product of two fp32 values is exact)."""
+    multiply-add rounds once, and a float64 product of two fp32 values is exact). 300 columns
+    cross the many-row tiles' slices of k (SLICE_K = 128) twice and end in a partial one; 7 rows
+    are a tile of 5 and one of 2."""
     g = torch.Generator().manual_seed(6)
-    w = torch.randn(32, 48, generator=g)
-    x = torch.randn(3, 48, generator=g)
+    w = torch.randn(32, cols, generator=g)
+    x = torch.randn(rows, cols, generator=g)
     layer = PackedLinear(fmt, w, product=OWN)
-    assert layer.nbytes == 32 * 48 * size and layer.min_rows == 1
+    assert layer.nbytes == 32 * cols * size and layer.min_rows == 1
     xs = x.to(layer.dtype).double()
     ws = w.to(layer.dtype).double()
-    acc = torch.zeros(3, 32, dtype=torch.float64)
-    for k in range(48):
+    acc = torch.zeros(rows, 32, dtype=torch.float64)
+    for k in range(cols):
         acc = (acc + xs[:, k:k + 1] * ws[:, k]).float().double()
     assert torch.equal(layer(x), acc.float().to(layer(x).dtype))
-    with pytest.raises(RuntimeError, match="packed for 48"):
+    with pytest.raises(RuntimeError, match=f"packed for {cols}"):
         layer.f32.f32_matmul(torch.randn(2, 64), *layer.tensors)
 
 
