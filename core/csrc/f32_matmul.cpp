@@ -156,7 +156,7 @@ void matmul(const float* x, int64_t M, int64_t K, const W* w, int64_t P, float* 
   const int64_t ahead = (panel_bytes / 64 + passes - 1) / passes;  // lines of the next panel per pass
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> widened(std::is_same_v<W, float> ? 0 : K * 16);
-    for (int64_t c = begin; c < end; ++c) {  // the panel stays in L2 while every tile of rows reads it
+    for (int64_t c = begin; c < end; ++c) {  // the panel stays in L2, a slice of it in L1, for every tile
       const char* next = reinterpret_cast<const char*>(w + (c + 1) * K * 16);
       const float* panel;
       if constexpr (std::is_same_v<W, float>) {

@@ -121,7 +121,7 @@ inline void expand(const uint8_t* nib, int64_t K, Expanded* buffer) {
 
 // R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R, 1>. The rows'
 // pointers and each group's d and m are read once, not once per row: the many-row products
-// (a batch of decodes, a prompt) ran 1.2-1.3x faster for it, the same bits.
+// (a batch of decodes, a prompt) ran 1.2x faster for it, the same bits.
 template <int R>
 void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half* dm, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32;
