@@ -47,14 +47,21 @@ inline void octet(const uint8_t* nib, int64_t o, int h, __m256i q[4]) {
   q[3] = _mm256_and_si256(_mm256_srli_epi32(v, 12), low);
 }
 
-// One group's end for 8 columns: y = sum * m + ((d * scale) * S + y), the same steps for every row.
-inline void close_group(float* y, __m256i S, const at::Half* dm, int64_t g, int h, float scale, float sum) {
+// Group g's d and m for columns 8h .. 8h + 7, as fp32.
+struct GroupScales {
+  __m256 d, m;
+};
+inline GroupScales group_scales(const at::Half* dm, int64_t g, int h) {
   const at::Half* p = dm + g * 32 + 8 * h;
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-  const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(scale));
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+
+// One group's end for 8 columns: y = sum * m + ((d * scale) * S + y), the same steps for every row.
+inline void close_group(float* y, __m256i S, const GroupScales& dm, float scale, float sum) {
+  const __m256 ds = _mm256_mul_ps(dm.d, _mm256_set1_ps(scale));
   const __m256 acc = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(S), _mm256_loadu_ps(y));
-  _mm256_storeu_ps(y, _mm256_fmadd_ps(m, _mm256_set1_ps(sum), acc));
+  _mm256_storeu_ps(y, _mm256_fmadd_ps(dm.m, _mm256_set1_ps(sum), acc));
 }
 
 inline void zero(float* y, int64_t ldy, int rows, int cols) {
@@ -104,7 +111,7 @@ void tile(const Rows& a, int64_t r0, const uint8_t* nib, const at::Half* dm, flo
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < NP; ++c)
         for (int h = 0; h < 2; ++h)
-          close_group(y + r * ldy + c * 16 + 8 * h, S[r][c][h], dm + c * K32 * 32, g, h,
+          close_group(y + r * ldy + c * 16 + 8 * h, S[r][c][h], group_scales(dm + c * K32 * 32, g, h),
                       a.scale[(r0 + r) * K32 + g], a.sum[(r0 + r) * K32 + g]);
   }
 }
@@ -140,19 +147,10 @@ void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half
         S[r][0] = _mm256_add_epi32(S[r][0], _mm256_madd_epi16(w[2 * p], xp));
         S[r][1] = _mm256_add_epi32(S[r][1], _mm256_madd_epi16(w[2 * p + 1], xp));
       }
-    __m256 d[2], m[2];  // y = (s * sum of xi) * m + ((d * s) * S + y), as close_group
-    for (int h = 0; h < 2; ++h) {
-      d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + g * 32 + 8 * h)));
-      m[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + g * 32 + 16 + 8 * h)));
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256 s = _mm256_set1_ps(scale[r * K32 + g]), total = _mm256_set1_ps(sum[r * K32 + g]);
-      for (int h = 0; h < 2; ++h) {
-        float* out = y + r * ldy + 8 * h;
-        const __m256 acc = _mm256_fmadd_ps(_mm256_mul_ps(d[h], s), _mm256_cvtepi32_ps(S[r][h]), _mm256_loadu_ps(out));
-        _mm256_storeu_ps(out, _mm256_fmadd_ps(m[h], total, acc));
-      }
-    }
+    const GroupScales group[2] = {group_scales(dm, g, 0), group_scales(dm, g, 1)};
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h)
+        close_group(y + r * ldy + 8 * h, S[r][h], group[h], scale[r * K32 + g], sum[r * K32 + g]);
   }
 }
 
