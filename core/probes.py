@@ -68,13 +68,16 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
     x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))            # (T, C)
     for i, block in enumerate(model.layers):
         attn, keep = block.attn, attention is True or bool(attention and i in attention)
-        qkv = torch.cat([attn.qkv_proj(h).float() for h in block.attn_norm(x).split(ROWS)])  # (T, (H+2Hkv)D)
+        parts = []
+        for h in block.attn_norm(x).split(ROWS):
+            parts.append(attn.qkv_proj(h).float())                           # (rows, (H+2Hkv)D)
+            yield None
+        qkv = torch.cat(parts)                                               # (T, (H+2Hkv)D)
         q_raw, k_raw, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
         q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
-        yield None
         y = torch.empty(T, H, D)
-        weights = torch.zeros(H, T, T) if keep else None
+        weights = torch.empty(H, T, T) if keep else None   # filled (and paged in) chunk by chunk
         ent = torch.empty(H, T)
         rows = max(1, ATTENTION_CELLS // (T * H))
         for start in range(0, T, rows):
@@ -85,10 +88,14 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
             ent[:, start:end] = entropy(w[0])                                # (H, Q)
             if keep:
                 weights[:, start:end, :end] = w[0]
+                weights[:, start:end, end:] = 0                              # above the diagonal
             yield None
-        a = torch.cat([attn.o_proj(r).float() for r in y.reshape(T, H * D).split(ROWS)])  # (T, C)
+        parts = []
+        for r in y.reshape(T, H * D).split(ROWS):
+            parts.append(attn.o_proj(r).float())                             # (rows, C)
+            yield None
+        a = torch.cat(parts)                                                 # (T, C)
         x = x + a
-        yield None
         parts = []
         for h in block.mlp_norm(x).split(ROWS):
             parts.append(block.mlp(h).float())                               # (rows, C)

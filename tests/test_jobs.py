@@ -171,10 +171,11 @@ def test_slice_time_is_recorded():
 
 # ---- beside a real chat ------------------------------------------------------------------------
 @pytest.mark.real_model
-def test_a_long_job_stalls_a_chat_by_less_than_two_decode_steps(smollm_loaded):
+def test_a_long_job_runs_one_slice_between_a_chats_steps(smollm_loaded):
     """A chat streams on the real model while a long probe job (a 1,000-token text, attention
-    weights of every layer) runs beside it: the chat's largest gap between tokens stays under two
-    decode steps, because the job runs one slice between steps (measured here, in this run)."""
+    weights of every layer) runs beside it: the loop never runs two of the job's slices in a row
+    while the chat is in flight, so the chat waits at most one slice between its tokens. The order
+    of slices and steps is checked, not their times (times on a shared machine are noise)."""
     import statistics
 
     from core import probes
@@ -186,7 +187,22 @@ def test_a_long_job_stalls_a_chat_by_less_than_two_decode_steps(smollm_loaded):
     engine = LLMEngine(EngineConfig(model="smollm2-135m"), smollm_loaded)
     engine.warmup()
     runner = JobRunner()
-    loop = EngineLoop(engine, max_queue=8, side_work=runner)
+    order: list[str] = []                              # "slice" and "step", as the loop ran them
+
+    def side_work(engine):
+        did = runner(engine)
+        if did:
+            order.append("slice")
+        return did
+
+    engine_step = engine.step
+
+    def step():
+        order.append("step")
+        return engine_step()
+
+    engine.step = step
+    loop = EngineLoop(engine, max_queue=8, side_work=side_work)
     runner.attach(loop.wake)
     loop.start()
     try:
@@ -205,22 +221,27 @@ def test_a_long_job_stalls_a_chat_by_less_than_two_decode_steps(smollm_loaded):
 
         stream = loop.submit("Tell me a long story about a lighthouse keeper.",
                              SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
-        time.sleep(0.5)                                    # the chat is decoding
+        while "step" not in order:                         # the chat is in flight
+            time.sleep(0.01)
         runner.submit("reader", 1, "long-probe", work, done)
         out = stream.result(timeout=300)
+        chat = list(order)                                 # everything up to the chat's last step
         deadline = time.monotonic() + 300
         while not done.results and time.monotonic() < deadline:
             time.sleep(0.1)
         assert done.results == [{"layers": engine.model_config.num_layers}]
+        assert len(out.token_ids) == 48
+        during = chat[chat.index("step"):len(chat) - chat[::-1].index("step")]
+        assert during.count("step") == len(out.metrics.steps)   # one recorded step per engine step
+        assert during.count("slice") >= during.count("step") // 2   # the job ran beside the chat
+        pairs = list(zip(during, during[1:]))
+        assert ("slice", "slice") not in pairs             # never two slices between two steps
+        assert runner.stats()["slices"] > during.count("slice")   # and went on after it
         times = out.metrics.token_times
-        gaps = [b - a for a, b in zip(times[1:], times[2:])]      # decode gaps (after the first)
-        decode_steps = [s.duration_s for s in out.metrics.steps if s.kind == "decode"]
-        step = statistics.median(decode_steps)
-        slices = runner.stats()
-        print(f"decode step median {step * 1000:.1f} ms, largest gap {max(gaps) * 1000:.1f} ms, "
-              f"largest job slice {slices['max_slice_ms']:.1f} ms over {slices['slices']} slices")
-        assert slices["slices"] > 3 * engine.model_config.num_layers   # the job really ran beside the chat
-        assert max(gaps) < 2 * step, (max(gaps), step)
+        gaps = [b - a for a, b in zip(times[1:], times[2:])]
+        decode = statistics.median(s.duration_s for s in out.metrics.steps if s.kind == "decode")
+        print(f"decode step median {decode * 1000:.1f} ms, largest gap {max(gaps) * 1000:.1f} ms, "
+              f"largest job slice {runner.stats()['max_slice_ms']:.1f} ms")   # for the log, not asserted
     finally:
         loop.shutdown()
 

@@ -78,11 +78,39 @@ def test_slices_pause_between_pieces_of_work(tiny_model, ids, monkeypatch):
     records = [i for i in items if i is not None]
     assert len(records) == tiny_model.config.num_layers
     T = len(ids)
-    per_layer = 1 + -(-T // 4) + 1 + -(-T // 5)  # q/k/v, attention chunks, output projection, MLP chunks
+    per_layer = -(-T // 5) + -(-T // 4) + 2 * -(-T // 5)  # q/k/v, attention, output projection, MLP chunks
     assert len(items) == per_layer * tiny_model.config.num_layers
     whole = probes.run(tiny_model, ids, attention={0})
     assert torch.allclose(records[-1].residual, whole[-1].residual, rtol=1e-5)
     assert torch.allclose(records[0].attention, whole[0].attention, atol=1e-6)
+
+
+def test_a_slice_puts_at_most_rows_tokens_through_the_linear_layers(tiny_model, monkeypatch):
+    """However long the text, one slice sends at most ROWS tokens through the q/k/v projection,
+    the output projection and the MLP together: the longest pause a probe puts between two
+    serving steps does not grow with the text."""
+    monkeypatch.setattr(probes, "ROWS", 4)
+    rows_now = [0]
+    largest = [0]
+
+    def count(module, args):
+        rows_now[0] += args[0].shape[0]
+        largest[0] = max(largest[0], rows_now[0])
+
+    hooks = []
+    for block in tiny_model.layers:
+        for module in (block.attn.qkv_proj, block.attn.o_proj, block.mlp):
+            hooks.append(module.register_forward_pre_hook(count))
+    try:
+        pauses = 0
+        for _ in probes.slices(tiny_model, list(range(1, 23))):   # 22 tokens: 6 chunks of at most 4
+            rows_now[0] = 0
+            pauses += 1
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert largest[0] == 4
+    assert pauses >= 3 * 6 * tiny_model.config.num_layers     # each linear layer in 6 slices
 
 
 @pytest.mark.parametrize("fmt", ["bf16"])
