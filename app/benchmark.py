@@ -86,6 +86,11 @@ def _view(data: dict) -> dict:
     weights = [{"system": s, "key": f"weight_bytes.{slug(s)}", "value": b,
                 "limit_key": f"decode_limit.{slug(s)}", "limit": bandwidth * 1e9 / b}
                for s, b in data.get("weight_bytes_per_token", {}).items()]
+    shares = report.bandwidth_shares(data)       # decode alone / that limit, ours and the peers
+    for w in weights:
+        w["share"], w["share_key"] = shares.get(w["system"]), f"share_of_limit.{slug(w['system'])}"
+    weights += [{"system": s, "same_as": report.SAME_BYTES[s], "share": v, "share_key": f"share_of_limit.{slug(s)}"}
+                for s, v in shares.items() if s in report.PEERS]
     targets = data.get("targets") or report.targets(data)
     return {
         "date": date,

@@ -83,6 +83,26 @@ def targets(data) -> list[dict]:
     return out
 
 
+# The weights each system reads a decode step: a peer's are the same tensors in the same format as
+# one of ours (transformers' fp32 and bf16 models, llama.cpp's Q4_1 file with its Q8_0 head).
+SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q4_1": "ours q4_1",
+              "transformers fp32": "ours fp32", "transformers bf16": "ours bf16",
+              "llama.cpp Q4_1": "ours q4_1"}
+
+
+def bandwidth_shares(data) -> dict[str, float]:
+    """Every system's decode alone as a share of the memory-bandwidth limit for the bytes it reads
+    a step (tokens/s x bytes / bandwidth): the target line holds the best format to it, this
+    says how near each one comes, ours and the peers, in the same run."""
+    bandwidth = data["limits"]["memory_bandwidth_gb_s"] * 1e9
+    out = {}
+    for system in OURS + PEERS:
+        v, step_bytes = value(data, "decode_1", system), data["weight_bytes_per_token"].get(SAME_BYTES[system])
+        if v and step_bytes:
+            out[system] = v * step_bytes / bandwidth
+    return out
+
+
 def fmt_value(v) -> str:
     if v is None:
         return "—"
@@ -120,6 +140,10 @@ def markdown(data) -> str:
         measured = "—" if t["measured"] is None else f"{t['measured']:.2f}x"
         met = "—" if t["met"] is None else ("yes" if t["met"] else "no")
         lines.append(f"| {t['target']} | {measured} | {t['goal']}x | {met} | {t['how']} |")
+    shares = bandwidth_shares(data)
+    if shares:
+        lines.append("\nDecode alone as a share of the bandwidth limit for the bytes each system reads a step: "
+                     + ", ".join(f"{s} {v:.2f}x" for s, v in shares.items()) + ".")
     for name, why in data.get("missing", {}).items():
         lines.append(f"\n{name}: not measured, {why}.")
     return "\n".join(lines)

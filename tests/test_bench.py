@@ -103,6 +103,17 @@ def test_prefill_is_also_held_against_transformers_best_where_bf16_is_slow():
     assert fair["measured"] == pytest.approx(900 / 2000) and fair["how"] == "ours q4_1 / transformers fp32"
 
 
+def test_bandwidth_shares_for_every_system_with_the_bytes_of_its_format():
+    data = fake_results()
+    shares = report.bandwidth_shares(data)
+    assert shares["ours q4_1"] == pytest.approx(110 * 100e6 / 50e9)
+    assert shares["llama.cpp Q4_1"] == pytest.approx(100 * 100e6 / 50e9)     # the same file's bytes
+    assert shares["transformers fp32"] == pytest.approx(16 * 538e6 / 50e9)
+    assert "ours bf16" not in shares                   # not measured in this run
+    table = report.markdown({**data, "targets": report.targets(data)})
+    assert "ours q4_1 0.22x" in table and "llama.cpp Q4_1 0.20x" in table
+
+
 def test_markdown_table_and_readme_section(tmp_path):
     data = fake_results()
     data["targets"] = report.targets(data)

@@ -79,6 +79,12 @@ def expected(data: dict) -> dict:
     for system, nbytes in data["weight_bytes_per_token"].items():
         out[f"weight_bytes.{slug(system)}"] = nbytes
         out[f"decode_limit.{slug(system)}"] = data["limits"]["memory_bandwidth_gb_s"] * 1e9 / nbytes
+    same = {"transformers fp32": "ours fp32", "transformers bf16": "ours bf16", "llama.cpp Q4_1": "ours q4_1"}
+    for system, entry in data["results"].get("decode_1", {}).items():
+        nbytes = data["weight_bytes_per_token"].get(same.get(system, system))
+        if nbytes:
+            out[f"share_of_limit.{slug(system)}"] = (entry["median"] * nbytes
+                                                    / (data["limits"]["memory_bandwidth_gb_s"] * 1e9))
     for i, t in enumerate(data["targets"]):
         if t["measured"] is not None:                    # not measured: a dash, no figure
             out[f"target.{i}"] = t["measured"]
