@@ -8,7 +8,8 @@ bench/report.py's targets() over its results for a file written before it stored
 unreadable file gives a page that says how to make one (404), never a server error.
 
 The page: a table per question (decode alone, decode beside a busy process, prefill, aggregate
-decode at 8/32/64 requests with TTFT and TPOT p50/p99, the machine's limits, the targets), each
+decode at 8/32/64 requests with TTFT and TPOT p50/p99, the machine's limits with each system's
+decode alone as a share of its bandwidth limit, the targets), each
 number an element with data-figure/data-value; static/js/benchmark.js draws the plots from the
 same view, embedded in the page as JSON.
 """

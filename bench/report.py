@@ -41,6 +41,26 @@ def target(name: str, measured: float | None, goal: float, how: str) -> dict:
             "met": None if measured is None else measured >= goal}
 
 
+# The weights each system reads a decode step: a peer's are the same tensors in the same format as
+# one of ours (transformers' fp32 and bf16 models, llama.cpp's Q4_1 file with its Q8_0 head).
+SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q4_1": "ours q4_1",
+              "transformers fp32": "ours fp32", "transformers bf16": "ours bf16",
+              "llama.cpp Q4_1": "ours q4_1"}
+
+
+def bandwidth_shares(data) -> dict[str, float]:
+    """Every system's decode alone as a share of the memory-bandwidth limit for the bytes it reads
+    a step (tokens/s x bytes / bandwidth): the target line holds the best format to it, this
+    says how near each one comes, ours and the peers, in the same run."""
+    bandwidth = data["limits"]["memory_bandwidth_gb_s"] * 1e9
+    out = {}
+    for system in OURS + PEERS:
+        v, step_bytes = value(data, "decode_1", system), data["weight_bytes_per_token"].get(SAME_BYTES[system])
+        if v and step_bytes:
+            out[system] = v * step_bytes / bandwidth
+    return out
+
+
 def targets(data) -> list[dict]:
     """The issue's target lines, each as a ratio from this run's medians."""
     out = []
@@ -77,29 +97,9 @@ def targets(data) -> list[dict]:
     if v:
         step_bytes = data["weight_bytes_per_token"][fmt]
         limit = bandwidth / step_bytes
-        out.append(target("decode alone vs the memory-bandwidth limit", v / limit, 0.6,
+        out.append(target("decode alone vs the memory-bandwidth limit", bandwidth_shares(data)[fmt], 0.6,
                           f"{fmt}: {v:.0f} tok/s x {step_bytes / 1e6:.0f} MB a step / "
                           f"{bandwidth / 1e9:.0f} GB/s (limit {limit:.0f} tok/s)"))
-    return out
-
-
-# The weights each system reads a decode step: a peer's are the same tensors in the same format as
-# one of ours (transformers' fp32 and bf16 models, llama.cpp's Q4_1 file with its Q8_0 head).
-SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q4_1": "ours q4_1",
-              "transformers fp32": "ours fp32", "transformers bf16": "ours bf16",
-              "llama.cpp Q4_1": "ours q4_1"}
-
-
-def bandwidth_shares(data) -> dict[str, float]:
-    """Every system's decode alone as a share of the memory-bandwidth limit for the bytes it reads
-    a step (tokens/s x bytes / bandwidth): the target line holds the best format to it, this
-    says how near each one comes, ours and the peers, in the same run."""
-    bandwidth = data["limits"]["memory_bandwidth_gb_s"] * 1e9
-    out = {}
-    for system in OURS + PEERS:
-        v, step_bytes = value(data, "decode_1", system), data["weight_bytes_per_token"].get(SAME_BYTES[system])
-        if v and step_bytes:
-            out[system] = v * step_bytes / bandwidth
     return out
 
 

@@ -68,11 +68,7 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
     x = model.embed_tokens(torch.tensor(ids, dtype=torch.long))            # (T, C)
     for i, block in enumerate(model.layers):
         attn, keep = block.attn, attention is True or bool(attention and i in attention)
-        parts = []
-        for h in block.attn_norm(x).split(ROWS):
-            parts.append(attn.qkv_proj(h).float())                           # (rows, (H+2Hkv)D)
-            yield None
-        qkv = torch.cat(parts)                                               # (T, (H+2Hkv)D)
+        qkv = yield from by_rows(attn.qkv_proj, block.attn_norm(x))          # (T, (H+2Hkv)D)
         q_raw, k_raw, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q_raw, k_raw, v = q_raw.view(T, H, D), k_raw.view(T, Hkv, D), v.view(T, Hkv, D)
         q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
@@ -90,11 +86,7 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
                 weights[:, start:end, :end] = w[0]
                 weights[:, start:end, end:] = 0                              # above the diagonal
             yield None
-        parts = []
-        for r in y.reshape(T, H * D).split(ROWS):
-            parts.append(attn.o_proj(r).float())                             # (rows, C)
-            yield None
-        a = torch.cat(parts)                                                 # (T, C)
+        a = yield from by_rows(attn.o_proj, y.reshape(T, H * D))            # (T, C)
         x = x + a
         parts = []
         for h in block.mlp_norm(x).split(ROWS):
@@ -105,6 +97,16 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
         x = x + m
         yield LayerRecord(layer=i, q=q, k=k, q_raw=q_raw, k_raw=k_raw, attention=weights, entropy=ent,
                           attn_update=a.norm(dim=-1), mlp_update=m.norm(dim=-1), residual=x.norm(dim=-1))
+
+
+def by_rows(linear, x: torch.Tensor):
+    """linear(x) ROWS tokens at a time, pausing (yield None) after each piece; returns the (T, out)
+    fp32 result (`yield from` hands it to the caller)."""
+    parts = []
+    for piece in x.split(ROWS):
+        parts.append(linear(piece).float())                                  # (rows, out)
+        yield None
+    return torch.cat(parts)
 
 
 def layers(model: Transformer, ids: list[int], attention: bool | set[int] = False):
