@@ -9,9 +9,9 @@ forward was tried and dropped (torch.compile took 50 s and changed greedy tokens
 forward written out once more, in C++, operation for operation, and a test holds it to the Python
 one bit for bit in every weight format.
 
-It is built on first use with torch's cpp_extension (a C++ compiler and ninja; about a minute),
-for this machine's CPU (-march=native: the kernels are written for AVX-512 and AVX2, with a
-lane-by-lane fallback) and cached under torch's extensions directory. A model with experts runs
+It is built on first use with torch's cpp_extension (a C++ compiler and ninja; two to three
+minutes on two cores), for this machine's CPU (-march=native: the kernels are written for
+AVX-512 and AVX2, with a lane-by-lane fallback) and cached under torch's extensions directory. A model with experts runs
 model.py's Python with the kernels. Where the extension cannot be built, the engine runs
 model.py's Python with attention.py's torch path (batch-invariant too, slower; it rounds
 differently) and says so once in the log.
@@ -44,7 +44,7 @@ def extension():
         venv_bin = str(Path(sys.executable).parent)  # pip's ninja lands beside python, maybe not on PATH
         if shutil.which("ninja") is None and shutil.which("ninja", path=venv_bin):
             os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-        log.info("loading the C++ decoder (built on first use, about a minute; cached after)")
+        log.info("loading the C++ decoder (built on first use, two to three minutes on two cores; cached after)")
         return cpp_extension.load(name="sendlens_decoder", sources=[str(p) for p in SOURCES],
                                   extra_cflags=["-O3", "-march=native", "-fopenmp"],
                                   extra_ldflags=["-fopenmp"], verbose=False)
