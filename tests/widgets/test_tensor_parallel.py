@@ -86,31 +86,38 @@ def test_tensor_parallel_job_on_the_tiny_model(ws, tiny_loaded):
     assert worker_processes(os.getpid()) == []
 
 
-def test_the_job_holds_the_engine_loop_only_briefly(tiny_loaded):
-    """Every slice is short (starting the processes, a poll of 50 ms at most), and reports progress."""
-    import time
-
+def test_the_job_holds_the_engine_loop_only_briefly(tiny_loaded, monkeypatch):
+    """Every slice is short: it polls the worker group at most once to start it and once to wait
+    for it, each poll allowed at most 50 ms (counted, not timed), and it reports progress."""
     from app.jobs import Progress
     from app.widgets.tensor_parallel import tp_job
     from core.config import EngineConfig
     from core.engine import LLMEngine
-    from core.workers import ProcessBudget
+    from core.workers import ProcessBudget, WorkerGroup
 
+    polls: list[tuple[str, float]] = []          # (what, the longest wait it was allowed)
+    start, wait = WorkerGroup.start, WorkerGroup.wait
+    monkeypatch.setattr(WorkerGroup, "start", lambda self, wait_s=0.0: polls.append(("start", wait_s))
+                        or start(self, wait_s))
+    monkeypatch.setattr(WorkerGroup, "wait", lambda self, timeout=0.0: polls.append(("wait", timeout))
+                        or wait(self, timeout))
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     ids = tiny_loaded.tokenizer.encode(TEXT)
     budget = ProcessBudget(4)
-    gen, items, longest = tp_job(engine, "tiny", tiny_loaded.config, 2, ids, 0, budget, 60, 4), [], 0.0
+    gen, items, marks = tp_job(engine, "tiny", tiny_loaded.config, 2, ids, 0, budget, 60, 4), [], [0]
     while True:
-        t0 = time.perf_counter()
         try:
             items.append(next(gen))
         except StopIteration as stop:
             r = stop.value
             break
         finally:
-            longest = max(longest, time.perf_counter() - t0)
+            marks.append(len(polls))
     assert items and all(isinstance(i, Progress) and 0 <= i.done <= i.total and i.note for i in items)
-    assert longest < 0.4, longest
+    for a, b in zip(marks, marks[1:]):
+        kinds = [what for what, _ in polls[a:b]]
+        assert 1 <= len(kinds) <= 2 and len(set(kinds)) == len(kinds), kinds   # one start, one wait at most
+    assert all(allowed <= 0.05 for _, allowed in polls)                       # a poll of 50 ms at most
     check_result(r, tiny_loaded, TEXT, 2)
     assert budget.in_use == 0 and worker_processes(os.getpid()) == []
 
