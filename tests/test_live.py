@@ -167,11 +167,14 @@ def test_a_peer_that_misses_pings_is_cut_off_and_its_requests_aborted(server, fr
     gate, stepped, ended = threading.Event(), threading.Event(), []
     step, abort = engine.step, engine.abort
 
-    def held_step():
-        outputs = step()
-        stepped.set()
-        gate.wait(60)                                      # hang-stopping only: released below
-        return outputs
+    calls = []
+
+    def held_step():                                       # the loop publishes its stats after a
+        calls.append(1)                                    # step returns: hold the second step, so
+        if len(calls) == 2:                                # the first one's snapshot is on /healthz
+            stepped.set()
+            gate.wait(60)                                  # hang-stopping only: released below
+        return step()
 
     def recorded_abort(request_id):
         output = abort(request_id)
