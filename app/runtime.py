@@ -13,9 +13,9 @@ from collections import Counter
 
 from flask import Flask, current_app
 
-from core.engine import LLMEngine
-from core.engine_loop import EngineLoop
-from core.workers import ProcessBudget
+from core.engine.engine_loop import EngineLoop
+from core.engine.llm_engine import LLMEngine
+from core.parallel.workers import ProcessBudget
 
 from .config import ServerConfig
 from .jobs import JobRunner

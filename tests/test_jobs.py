@@ -184,11 +184,11 @@ def test_a_long_job_runs_one_slice_between_a_chats_steps(smollm_loaded):
     of slices and steps is checked, not their times (times on a shared machine are noise)."""
     import statistics
 
-    from core import probes
     from core.config import EngineConfig
-    from core.engine import LLMEngine
-    from core.engine_loop import EngineLoop
-    from core.sampling_params import SamplingParams
+    from core.engine.engine_loop import EngineLoop
+    from core.engine.llm_engine import LLMEngine
+    from core.engine.sampling_params import SamplingParams
+    from core.inspect import probes
 
     engine = LLMEngine(EngineConfig(model="smollm2-135m"), smollm_loaded)
     engine.warmup()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core import SamplingParams
-from core.model import Transformer
+from core.model.model import Transformer
 
 pytestmark = pytest.mark.real_model
 

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import TIMEOUT, WS, Client, Stream, healthz, wait_for
 from core import LLM
-from core.sampling_params import SamplingParams
+from core.engine.sampling_params import SamplingParams
 
 KINDS = {"content", "wrapper", "inserted", "generation_prompt", "special"}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

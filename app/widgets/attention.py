@@ -25,8 +25,8 @@ from collections import OrderedDict
 
 import torch
 
-from core import probes
 from core.errors import InvalidParameter, is_int
+from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, message, required, text

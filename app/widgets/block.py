@@ -5,7 +5,7 @@ residual-stream view of Elhage et al., 2021, "A Mathematical Framework for Trans
 
     x = x + Attention(RMSNorm(x));  x = x + SwiGLU_MLP(RMSNorm(x))
 
-Message: `layers` {text} -> a job that runs the probe pass (core/probes.py) one slice at a time,
+Message: `layers` {text} -> a job that runs the probe pass (core/inspect/probes.py) one slice at a time,
 with Progress per layer, and answers for every layer and every token: the L2 norm of the residual
 stream after the block, the sizes of the two updates, and the entropy of the token's attention row
 (mean over heads; plus each head's entropy averaged over tokens). `embedding_norm` is the residual
@@ -14,7 +14,7 @@ stream before the first block.
 
 import torch
 
-from core import probes
+from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, message, rounded, text

@@ -24,8 +24,8 @@ Message: `chunked-prefill` {decoders, prompt_tokens, budget, run} -> a job (cach
 step, by design: that step is the stall being shown, so prompt_tokens is capped at MAX_PROMPT.
 """
 
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
-from core.sampling_params import SamplingParams
 
 from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message

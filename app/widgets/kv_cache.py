@@ -22,8 +22,8 @@ layers (from the engine's step records), the totals, the speedup and the machine
 
 import itertools
 
+from core.engine.trace import StepKind
 from core.errors import InvalidParameter
-from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, encode, integer, message, text

@@ -10,13 +10,13 @@ weights, and no perplexity table. The MoE model runs in fp32 whatever the servin
 
 Messages:
 - `moe` {texts, top_k} -> a job: the reader's batch of texts through the MoE model with top_k
-  experts per token (core/probes.py runs its blocks in short slices; forward hooks on the routers
+  experts per token (core/inspect/probes.py runs its blocks in short slices; forward hooks on the routers
   record their logits). Reply, per layer: the experts of the first 12 tokens of the batch and
   their router probabilities, each expert's load over the whole batch, and how global batches of
-  1, 2, 4 ... of these tokens split into per-expert batches (core/moe.py's batch_split); and the
+  1, 2, 4 ... of these tokens split into per-expert batches (core/model/moe.py's batch_split); and the
   perplexity table stored with the routers (dense against top-k on held-out text).
 - `moe-parallel` {texts, top_k, layer, workers, run} -> a job: the batch's MLP inputs at `layer`
-  through that layer with its experts split across `workers` processes (core/expert_parallel.py;
+  through that layer with its experts split across `workers` processes (core/parallel/expert_parallel.py;
   started through the job runner within max_worker_processes, killed after worker_timeout_s,
   always closed), compared with the layer in this process, the all-to-all exchange timed. `run`
   is the reader's "measure again" counter.
@@ -27,11 +27,12 @@ import weakref
 
 import torch
 
-from core import expert_parallel, probes
 from core.errors import InvalidParameter, is_int
-from core.model import Transformer
-from core.moe import batch_split, route
-from core.workers import start_in_slices, wait_in_slices
+from core.inspect import probes
+from core.model.model import Transformer
+from core.model.moe import batch_split, route
+from core.parallel import expert_parallel
+from core.parallel.workers import start_in_slices, wait_in_slices
 from toy_models import moe as moe_files
 
 from ..jobs import Progress

@@ -31,9 +31,9 @@ import time
 
 import torch
 
+from core.engine.sampling_params import SamplingParams
+from core.engine.trace import StepKind
 from core.errors import InvalidParameter, is_int
-from core.sampling_params import SamplingParams
-from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, integer, message

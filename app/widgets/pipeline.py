@@ -1,5 +1,5 @@
 """Widget `pipeline` (section 18): the model's 30 layers split into stages in real worker
-processes, microbatches sent from stage to stage (core/pipeline.py, after GPipe), measured.
+processes, microbatches sent from stage to stage (core/parallel/pipeline.py, after GPipe), measured.
 
 The job starts `stages` processes in one gloo group. Each loads the model and keeps its contiguous
 range of layers; the microbatches (`tokens` tokens each, overlapping windows of a fixed text) go
@@ -15,8 +15,8 @@ the reader's "measure again" counter).
 """
 
 from core.errors import InvalidParameter
-from core.pipeline import PPSettings, bubble_formula, bubble_measured, check_batch, pp_worker, stage_ranges
-from core.workers import WorkerGroup
+from core.parallel.pipeline import PPSettings, bubble_formula, bubble_measured, check_batch, pp_worker, stage_ranges
+from core.parallel.workers import WorkerGroup
 
 from .base import Widget, integer, message
 from .processes import align, run_workers, worker_machine

@@ -6,7 +6,7 @@ pair i is dimensions (i, i + D/2). Because a rotation keeps dot products between
 dependent only on the difference of their angles, q(m) . k(n) depends on m - n alone.
 
 Message: `rope` {text, layer, head, query, key} -> a job that runs the probe pass up to `layer`
-(core/probes.py, sliced per block), takes the pre-RoPE query of token `query` in `head` and the
+(core/inspect/probes.py, sliced per block), takes the pre-RoPE query of token `query` in `head` and the
 pre-RoPE key of token `key` in that head's KV group, and rotates them with the model's own
 `rotary` module (the code the forward pass uses):
 
@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from core import probes
 from core.errors import InvalidParameter
+from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, integer, message, text

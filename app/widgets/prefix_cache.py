@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from core.block_manager import hash_block
+from core.engine.block_manager import hash_block
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
-from core.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, text

@@ -26,8 +26,8 @@ import time
 
 import torch
 
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
-from core.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number

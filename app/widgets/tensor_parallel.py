@@ -1,5 +1,5 @@
 """Widget `tensor-parallel` (section 17): the model's layers split by heads and MLP columns across
-real worker processes (core/tensor_parallel.py, after Megatron-LM), measured.
+real worker processes (core/parallel/tensor_parallel.py, after Megatron-LM), measured.
 
 The job starts `tp_degree` processes in one gloo group. Each loads the model, keeps its share of
 every block (its query heads with the KV heads they read, its slice of the MLP's middle) and the
@@ -10,15 +10,15 @@ model in one process, the reference for `max_logit_diff` and the greedy tokens.
 
 Degrees: those that split the heads into whole grouped-query groups (1 and 3 for SmolLM2: 9 query
 heads, 3 KV heads) up to `max_worker_processes`; 2 and 4 are refused with the reason (the
-InvalidParameter of core.tensor_parallel.check_degree, naming `tp_degree`).
+InvalidParameter of core.parallel.tensor_parallel.check_degree, naming `tp_degree`).
 
 Message: `tensor-parallel` {tp_degree, text, run} -> a job (cached by its inputs; `run` is the
 reader's "measure again" counter).
 """
 
 from core.errors import InvalidParameter
-from core.tensor_parallel import Kind, TPSettings, check_degree, shard_plan, tp_worker, valid_degrees
-from core.workers import WorkerGroup
+from core.parallel.tensor_parallel import Kind, TPSettings, check_degree, shard_plan, tp_worker, valid_degrees
+from core.parallel.workers import WorkerGroup
 
 from .base import Widget, encode, integer, message
 from .processes import align, run_workers, worker_machine

@@ -2,7 +2,7 @@
 per run: output tokens/s against TTFT and TPOT (p50 and p99), measured on this machine.
 
 After vLLM's serving benchmark (benchmarks/benchmark_serving.py): requests arrive at exponential
-inter-arrival times (core/lab/load.py, seeded), and the metrics are its TTFT, TPOT (first token
+inter-arrival times (app/lab/load.py, seeded), and the metrics are its TTFT, TPOT (first token
 excluded), ITL and output throughput. Raising the arrival rate or the batch limit (`max_num_seqs`)
 raises throughput until the engine saturates, and every step, now larger, makes each token slower.
 
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from core.lab.load import RequestTiming, poisson_arrivals, serving_metrics
-from core.sampling_params import SamplingParams
+from app.lab.load import RequestTiming, poisson_arrivals, serving_metrics
+from core.engine.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number

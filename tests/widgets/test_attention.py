@@ -68,7 +68,7 @@ def test_binned_cells_are_mean_of_summed_block_weights(T, b):
 # ---- the messages, on the tiny model ------------------------------------------------------------
 
 def test_head_all_is_the_models_own_weights(ws, live_server):
-    from core import probes
+    from core.inspect import probes
     engine = live_server.runtime.engine
     reply = ws.call("attention", text=SHORT, layer=1, head="all")
     assert reply["type"] == "attention", reply

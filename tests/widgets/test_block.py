@@ -147,7 +147,7 @@ def test_the_job_runs_in_slices_with_progress_per_layer(tiny_loaded):
 
     from app.jobs import Progress
     from app.widgets.block import layers_job
-    from core.model import Transformer
+    from core.model.model import Transformer
 
     engine = SimpleNamespace(reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
                              tokenizer=tiny_loaded.tokenizer)

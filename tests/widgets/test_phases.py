@@ -103,7 +103,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from app.jobs import Progress
     from app.widgets.phases import CHUNK_TOKENS, PREFILL_TRIES, TRIES, phases_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
+    from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     gen = phases_job(engine, max_prompt=128, decode_tokens=4, run=0)

@@ -186,7 +186,7 @@ def test_the_job_stops_after_the_layer_it_needs(tiny_loaded):
 
     from app.jobs import Progress
     from app.widgets.positions import rope_job
-    from core.model import Transformer
+    from core.model.model import Transformer
 
     engine = SimpleNamespace(reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
                              tokenizer=tiny_loaded.tokenizer)

@@ -16,21 +16,22 @@ from collections import deque
 
 import torch
 
-from . import models
-from .block_manager import BlockManager
-from .config import OMP_POLICY_APPLIED, OMP_SPIN_COUNT, EngineConfig
-from .cpu_share import CpuShare
-from .errors import ContextLengthExceeded, InvalidParameter, is_int
-from .kv_cache import BYTES_PER_VALUE, KVCache
-from .model import Transformer
-from .model_runner import ModelRunner
-from .native import kernels, native_decoder
-from .outputs import RequestOutput, StepRecord
-from .sampler import Sampler
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler
-from .sequence import FinishReason, Sequence
-from .trace import SlotWork, StepKind, StepTrace
+from core import registry
+from core.config import OMP_POLICY_APPLIED, OMP_SPIN_COUNT, EngineConfig
+from core.cpu_share import CpuShare
+from core.engine.block_manager import BlockManager
+from core.engine.outputs import RequestOutput, StepRecord
+from core.engine.sampling_params import SamplingParams
+from core.engine.scheduler import Scheduler
+from core.engine.sequence import FinishReason, Sequence
+from core.engine.trace import SlotWork, StepKind, StepTrace
+from core.errors import ContextLengthExceeded, InvalidParameter, is_int
+from core.kernels.loader import kernels
+from core.model.kv_cache import BYTES_PER_VALUE, KVCache
+from core.model.model import Transformer
+from core.model.model_runner import ModelRunner
+from core.model.native_decoder import native_decoder
+from core.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,12 @@ log = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None):
-        """loaded: the model (config, state_dict, tokenizer, source), e.g. from core.models.load;
+        """loaded: the model (config, state_dict, tokenizer, source), e.g. from core.registry.load;
         None loads config.model by name. The only process-wide thing an engine touches is torch's
         thread count: with share_cpu it sets it before each step to the cores other processes
         leave free (cpu_share.py), else to num_threads once if given. No global seed, so a second
         engine can sit beside the serving one (sibling() engines leave the thread count alone)."""
-        loaded = loaded or models.load(config.model, config.cache_dir)
+        loaded = loaded or registry.load(config.model, config.cache_dir)
         if not OMP_POLICY_APPLIED and config.num_threads != 1:
             log.warning("torch was imported before sendlens' core, so OpenMP keeps its default spin "
                         "(long): beside another busy process decode runs several times slower until "
@@ -88,7 +89,7 @@ class LLMEngine:
         scheduler and trace, and `settings` (any EngineConfig field) changed: for experiments that
         run beside the serving engine (the widgets' timing jobs) without touching its state. In
         the same weight format it runs this engine's model itself (packing q4_1 again would stall
-        the engine loop for ~0.6 s); both run on the engine loop's one thread, never at once."""
+        the engine loop); both run on the engine loop's one thread, never at once."""
         settings = {"share_cpu": False, "num_threads": None, **settings}  # the serving engine sets threads
         config = dataclasses.replace(self.config, **settings)
         packed_alike = all(getattr(config, f) == getattr(self.config, f)

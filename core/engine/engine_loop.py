@@ -25,10 +25,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-from .engine import LLMEngine
-from .errors import EngineOverloaded
-from .outputs import RequestOutput
-from .sequence import Sequence
+from core.engine.llm_engine import LLMEngine
+from core.engine.outputs import RequestOutput
+from core.engine.sequence import Sequence
+from core.errors import EngineOverloaded
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import native
-from .attention import PagedBatch, build_group, min_query_rows, plan_groups
-from .kv_cache import KVCache
-from .model import Transformer
-from .sequence import Sequence
+from core.kernels.loader import kernels
+from core.model.attention import PagedBatch, build_group, min_query_rows, plan_groups
+from core.model.kv_cache import KVCache
+from core.model.model import Transformer
 
 # The torch path only: a prefill chunk attends as pieces of this many queries, each reading the
 # keys up to its own last position only: a causal mask over one (n, n) square wastes half the
@@ -33,7 +32,7 @@ class StepInput:
     positions: torch.Tensor    # (T,)
     batch: PagedBatch
     sample_rows: torch.Tensor  # (N,) packed index of the last token of each sampling sequence
-    sample_seqs: list[Sequence]
+    sample_seqs: list          # the engine's Sequences that sample a token, in row order
 
 
 class ModelRunner:
@@ -43,9 +42,9 @@ class ModelRunner:
         self.block_size = cache.block_size
         cfg = model.config
         self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
-        self.kernel = native.kernels(cfg)  # None: attention.py's torch path
+        self.kernel = kernels(cfg)  # None: attention.py's torch path
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
+    def prepare(self, scheduled: list[tuple]) -> StepInput:
         """Plain Python and numpy over the scheduled sequences, then one tensor per field: the
         cost grows with the new tokens and the blocks they read, never with anything else."""
         bs = self.block_size
