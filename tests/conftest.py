@@ -163,7 +163,7 @@ def make_tiny_engine(tiny_loaded):
 
 def _assert_pool_clean(engine):
     """Nothing running or queued, every KV block free, every reference count 0."""
-    stats = engine.kv_stats()
+    stats = engine.view.kv_stats()
     assert not engine.has_unfinished_requests()
     assert stats["free_blocks"] == stats["total_blocks"]
     assert stats["used_blocks"] == 0

@@ -219,7 +219,7 @@ def test_a_long_job_runs_one_slice_between_a_chats_steps(smollm_loaded):
 
         def work(engine):
             layers = 0
-            for item in probes.slices(engine.model, ids, attention=True):
+            for item in probes.slices(engine.view.model, ids, attention=True):
                 if item is not None:
                     layers += 1
                 yield Progress(layers, engine.model_config.num_layers)

@@ -169,7 +169,7 @@ def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
     engine.block_manager.allocate(seq, len(ids))
     step = engine.runner.prepare([(seq, len(ids))])
     with torch.inference_mode():
-        paged = engine.model.logits(engine.model(step.input_ids, step.positions, step.batch))
+        paged = engine.view.model.logits(engine.view.model(step.input_ids, step.positions, step.batch))
     assert torch.allclose(paged, tiny_model.score(ids), atol=1e-4)
 
 

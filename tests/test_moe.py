@@ -135,7 +135,7 @@ def test_the_engine_serves_the_moe_model_alone_and_batched(moe_loaded):
     batched = [o.token_ids for o in llm.generate(prompts, params)]
     assert alone == batched
     # the engine (paged KV, one token a step) against the model's plain uncached forward, greedy
-    model = llm.engine.model
+    model = llm.engine.view.model
     for p, got in zip(prompts, alone):
         ids = llm.tokenizer.encode(p)
         for _ in range(6):

@@ -24,7 +24,7 @@ def python_and_native(make_engine, fmt):
     results = {}
     for use_native in (False, True):
         engine = make_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt, native=use_native)
-        assert (engine.model.native is not None) == use_native
+        assert (engine.view.model.native is not None) == use_native
         target = engine.tokenizer.encode(TEXT)
         for case, logits in invariance_cases(engine, target).items():
             results[f"{case}, {'C++' if use_native else 'Python'}"] = logits
@@ -43,7 +43,7 @@ def test_cpp_and_python_give_the_same_bits_without_prepacking(make_tiny_engine, 
     monkeypatch.setattr("core.model.linear.prepacking_available", lambda dtype=None: False)
     monkeypatch.setattr("core.model.linear.q4_kernel", lambda: None)
     monkeypatch.setattr("core.model.linear.f32_kernel", lambda: None)
-    assert make_tiny_engine(weight_format=fmt).model.layers[0].mlp.down_proj.kernel.product is Product.PLAIN
+    assert make_tiny_engine(weight_format=fmt).view.model.layers[0].mlp.down_proj.kernel.product is Product.PLAIN
     assert_bit_identical(python_and_native(make_tiny_engine, fmt))
 
 
@@ -51,7 +51,7 @@ def test_cpp_and_python_give_the_same_bits_on_onednn(make_tiny_engine, monkeypat
     """Where the CPU lacks AVX2 and FMA, fp32 multiplies on oneDNN's prepacked weights, rows padded
     to two, in C++ as in Python."""
     monkeypatch.setattr("core.model.linear.f32_kernel", lambda: None)
-    assert make_tiny_engine(weight_format="fp32").model.layers[0].mlp.down_proj.kernel.product is Product.ONEDNN
+    assert make_tiny_engine(weight_format="fp32").view.model.layers[0].mlp.down_proj.kernel.product is Product.ONEDNN
     assert_bit_identical(python_and_native(make_tiny_engine, "fp32"))
 
 
@@ -89,9 +89,9 @@ def test_without_a_build_the_engine_runs_python_and_says_so(make_tiny_engine, mo
     monkeypatch.setattr(cpp_extension, "load", fail)
     loader.extension.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="core.model.native_decoder"):
+        with caplog.at_level(logging.WARNING, logger="core.kernels.loader"):
             engine = make_tiny_engine()
-        assert engine.model.native is None
+        assert engine.view.model.native is None
         assert "could not be built" in caplog.text and "no compiler here" in caplog.text
         seq = engine.add_request("Hello", None)
         while engine.has_unfinished_requests():

@@ -10,8 +10,10 @@ What it rewrites, in place:
 - `from core import probes, workers`: one line per new package (`from core.inspect import probes`);
 - file paths in prose: `core/gemm.py` -> `core/model/linear.py`, `core/csrc/` -> `core/kernels/csrc/`;
 - reads of an engine's state that moved to its read-only view: `engine.stats()` ->
-  `engine.view.stats()` everywhere, and under app/ and bench/ (which read the engine only through
-  the view) `engine.tokenizer`, `exp.model_config`, ... -> `engine.view.tokenizer`, ...
+  `engine.view.stats()`, `engine.trace` -> `engine.view.trace` everywhere, and under app/ and
+  bench/ (which read the engine only through the view) `engine.tokenizer`, `exp.model_config`,
+  ... -> `engine.view.tokenizer`, ... (for names that are engines by convention: engine, exp,
+  sib, sibling, cold, warm, and self./runtime./llm. engine)
 
 Idempotent: a path that already names a new module is left as it is, so it can be run again on a
 branch that was merged after the move (its old imports are rewritten, the rest stays).
@@ -65,15 +67,19 @@ NEW_MODULES = set(MODULES.values()) | {"core.kernels.loader", "core.engine.step_
 PATHS = {old.replace(".", "/") + ".py": new.replace(".", "/") + ".py" for old, new in MODULES.items()}
 PATHS.update({"core/csrc/": "core/kernels/csrc/", "core/lab/": "app/lab/"})
 
-# Engine reads that moved to LLMEngine.view: methods (everywhere), attributes (the app's side only).
+# Engine reads that moved to LLMEngine.view: methods and the attributes the engine no longer has
+# (everywhere), and the engine's settings, which the app's side reads through the view too.
 VIEW_METHODS = ("info", "stats", "kv_stats", "block_tables", "kv_pool_map")
-VIEW_ATTRS = ("config", "model_config", "tokenizer", "reference_model", "model", "cache", "trace",
-              "num_steps", "start_time", "max_model_len")
-ENGINE = r"(?<![\w.])((?:(?:self|runtime|loop|llm|self\.loop|call\.runtime)\.)?engine|exp|sib|cold|warm)"
+MOVED_ATTRS = ("reference_model", "model", "cache", "trace", "num_steps", "start_time")
+APP_ATTRS = ("config", "model_config", "tokenizer", "max_model_len")
+OWNERS = r"(?:self|runtime|loop|llm|self\.loop|self\.runtime|call\.runtime|conn\.runtime)"
+ENGINE = r"(?<![\w.])((?:" + OWNERS + r"\.)?engine|exp|sib|sibling|cold|warm)"
 METHOD_RE = re.compile(ENGINE + r"\.(" + "|".join(VIEW_METHODS) + r")\(")
-ATTR_RE = re.compile(ENGINE + r"\.(" + "|".join(VIEW_ATTRS) + r")\b(?!\s*=[^=])")
+MOVED_RE = re.compile(ENGINE + r"\.(" + "|".join(MOVED_ATTRS) + r")\b(?!\s*=[^=])")
+ATTR_RE = re.compile(ENGINE + r"\.(" + "|".join(APP_ATTRS) + r")\b(?!\s*=[^=])")
 
-DOTTED = re.compile(r"(?<![\w./])core(?:\.[A-Za-z_]\w*)+(?![\w.]|[ \t]+import\b)")  # from-imports: above
+# A dotted path to rewrite; a from-import's module is not one (rewrite_from has done it).
+DOTTED = re.compile(r"(?<![\w./])core(?:\.[A-Za-z_]\w*)+(?![\w.]|[ \t]+import\b)")
 FROM_IMPORT = re.compile(r"^([ \t]*)from[ \t]+(core(?:\.\w+)*)[ \t]+import[ \t]+(\(?)([^#\n]*?)(\)?)([ \t]*#.*)?$", re.M)
 IMPORT_LINE = re.compile(r"^[ \t]*from[ \t]+(?:core|app)[\w.]*[ \t]+import[ \t]+[^(\n]*$")
 
@@ -166,6 +172,7 @@ def rewrite_text(text: str, path: Path, view: bool = True) -> str:
     if not view:
         return text
     text = METHOD_RE.sub(r"\1.view.\2(", text)
+    text = MOVED_RE.sub(r"\1.view.\2", text)
     if path.parts and path.parts[0] in ("app", "bench"):
         text = ATTR_RE.sub(r"\1.view.\2", text)
     return text

@@ -97,11 +97,11 @@ def weight_cache(model) -> WeightCache:
 def layer_weights(engine, ids: list[int], layer: int):
     """A generator of slices (Progress or None) returning the layer's weights (H, T, T)."""
     key = (tuple(ids), layer)
-    cache = weight_cache(engine.reference_model)
+    cache = weight_cache(engine.view.reference_model)
     weights = cache.get(key)
     if weights is not None:
         return weights
-    for item in probes.slices(engine.reference_model, ids, attention={layer}):
+    for item in probes.slices(engine.view.reference_model, ids, attention={layer}):
         if item is None:
             yield None
             continue

@@ -30,7 +30,7 @@ def layers(call) -> None:
 
 
 def layers_job(engine, ids: list[int]):
-    model = engine.reference_model
+    model = engine.view.reference_model
     L = model.config.num_layers
     residual, attn_update, mlp_update, entropy, head_entropy = [], [], [], [], []
     for item in probes.slices(model, ids):
@@ -48,7 +48,7 @@ def layers_job(engine, ids: list[int]):
         embedding = model.embed_tokens(torch.tensor(ids, dtype=torch.long)).norm(dim=-1)  # (T,)
     mean_entropy = torch.stack(entropy).mean(dim=1)        # (L,)
     return {
-        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.tokenizer.token_texts(ids))],
+        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.view.tokenizer.token_texts(ids))],
         "num_layers": L,
         "embedding_norm": rounded(embedding),
         "residual_norm": rounded(torch.stack(residual)),           # (L, T)

@@ -73,7 +73,7 @@ def gemm(call) -> None:
 
 
 def gemm_job(engine, format: str, max_rows: int, run: int):
-    shapes = layer_shapes(engine.model_config)
+    shapes = layer_shapes(engine.view.model_config)
     rows = [r for r in ROWS if r <= max_rows]
     total = len(shapes) * len(rows) + 2 * TRIES
     done = 0

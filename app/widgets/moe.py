@@ -78,9 +78,9 @@ def moe_model(engine):
     """Slices until the MoE variant of the serving engine's model is ready; returns it. Jobs run
     on the engine loop's one thread, so a derivation begun by one job is carried on by the next;
     kept per model (two apps in a process, e.g. tests, never share one, nor keep an old model alive)."""
-    state = _DERIVED.get(engine.model)
+    state = _DERIVED.get(engine.view.model)
     if state is None:
-        state = _DERIVED[engine.model] = _Derivation()
+        state = _DERIVED[engine.view.model] = _Derivation()
     while state.value is None:
         if state.gen is None:
             state.gen = derive(engine)
@@ -92,12 +92,12 @@ def moe_model(engine):
         except BaseException:
             state.gen = None
             raise
-        yield Progress(layer + 1, engine.model_config.num_layers, "cutting each MLP into experts (once)")
+        yield Progress(layer + 1, engine.view.model_config.num_layers, "cutting each MLP into experts (once)")
     return state.value
 
 
 def derive(engine):
-    cfg, sd = engine.model_config, engine.model.state_dict()
+    cfg, sd = engine.view.model_config, engine.view.model.state_dict()
     if cfg.num_experts:                        # the server runs the MoE model itself
         shipped = moe_files.read_files().table
         return MoEModel(cfg, sd, shipped if cfg.name == moe_files.NAME else None, "served")
@@ -186,7 +186,7 @@ def route_job(engine, texts: list[list[int]], k: int):
                        "first_probs": rounded(scores[:SHOWN_TOKENS].softmax(-1).gather(1, first), 4),
                        "split": {key: v if key == "sizes" else rounded(v, 4)
                                  for key, v in batch_split(chosen, E, sizes, DRAWS).items()}})
-    shown = token_list(engine.tokenizer, everything[:SHOWN_TOKENS])
+    shown = token_list(engine.view.tokenizer, everything[:SHOWN_TOKENS])
     owner = [n for n, ids in enumerate(texts) for _ in ids][:SHOWN_TOKENS]
     table = moe.table
     return {"model": cfg.name, "routers": moe.routers, "experts": E, "top_k": k, "expert_size": cfg.expert_size,

@@ -75,14 +75,14 @@ def layer_record(model, ids: list[int], layer: int):
 
 
 def rope_job(engine, ids: list[int], layer: int, head: int, query: int, key: int):
-    model = engine.reference_model
+    model = engine.view.reference_model
     record = yield from layer_record(model, ids, layer)
     cfg = model.config
     kv_head = head // (cfg.num_heads // cfg.num_kv_heads)
     q = record.q_raw[query, head]            # (D,) the query before RoPE
     k = record.k_raw[key, kv_head]           # (D,) the key before RoPE, shared by the head's group
     return {
-        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.tokenizer.token_texts(ids))],
+        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.view.tokenizer.token_texts(ids))],
         "layer": layer, "head": head, "kv_head": kv_head, "query": query, "key": key,
         "head_dim": cfg.head_dim, "theta": cfg.rope_theta,
         "q_raw": q.tolist(), "k_raw": k.tolist(),

@@ -39,7 +39,7 @@ def default_degree(cfg, limit: int) -> int:
 
 def tensor_parallel(call) -> None:
     msg = call.msg
-    cfg = call.runtime.engine.model_config
+    cfg = call.runtime.engine.view.model_config
     limit = call.config.max_worker_processes
     degree = integer(msg, "tp_degree", 1, limit, default=default_degree(cfg, limit))
     check_degree(cfg, degree)
@@ -85,7 +85,7 @@ def tp_result(engine, cfg, degree: int, ids: list[int], run: int, results: list[
                       "allreduce_ms_per_layer": per[Kind.ALLREDUCE.value],
                       "spans": [[s[1], s[2], s[3], s[4], s[5]] for s in mine]})
     first = results[0]
-    tokenizer = engine.tokenizer
+    tokenizer = engine.view.tokenizer
     return {
         "run": run, "tp_degree": degree, "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
         "machine": worker_machine(degree, THREADS),

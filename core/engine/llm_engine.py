@@ -1,10 +1,12 @@
 """LLMEngine: requests in, one step at a time, outputs out (after vLLM's LLMEngine).
 
-A step is: schedule (which sequences, how many tokens each) -> run the model once over all of
-them -> sample one token for each sequence whose prompt is done -> postprocess (append the token,
-detokenize, check stop conditions, publish full KV blocks to the prefix cache, free the blocks of
-finished requests) -> record the step in the trace. The engine is single-threaded: EngineLoop
-runs it on a thread of its own for the web app; LLM drives it directly for offline use.
+A step is: schedule (which sequences, how many tokens each; scheduler.py) -> run the model once
+over all of them and sample one token for each sequence whose prompt is done (the model runner
+and the sampler) -> postprocess (append the token, detokenize, check stop conditions, publish
+full KV blocks to the prefix cache, free the blocks of finished requests) -> record the step
+(step_recorder.py). The model runner builds the model and the KV pool; the app reads the engine
+only through `engine.view` (view.py). The engine is single-threaded: EngineLoop runs it on a
+thread of its own for the web app; LLM drives it directly for offline use.
 """
 
 import dataclasses
@@ -12,29 +14,33 @@ import itertools
 import logging
 import random
 import time
-from collections import deque
 
 import torch
 
 from core import registry
 from core.config import OMP_POLICY_APPLIED, OMP_SPIN_COUNT, EngineConfig
-from core.cpu_share import CpuShare
 from core.engine.block_manager import BlockManager
-from core.engine.outputs import RequestOutput, StepRecord
+from core.engine.outputs import RequestOutput
 from core.engine.sampling_params import SamplingParams
-from core.engine.scheduler import Scheduler
+from core.engine.scheduler import Scheduler, SchedulerOutput
 from core.engine.sequence import FinishReason, Sequence
-from core.engine.trace import SlotWork, StepKind, StepTrace
+from core.engine.step_recorder import StepRecorder
+from core.engine.view import EngineView
 from core.errors import ContextLengthExceeded, InvalidParameter, is_int
-from core.kernels.loader import kernels
-from core.model.kv_cache import BYTES_PER_VALUE, KVCache
-from core.model.model import Transformer
 from core.model.model_runner import ModelRunner
-from core.model.native_decoder import native_decoder
 from core.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
+
+@dataclasses.dataclass
+class Sampled:
+    """What a step's run gives back: a token (and its candidates) for each sequence that samples."""
+
+    seqs: list[Sequence]
+    tokens: list[int]
+    candidates: list      # per sequence: a list of Candidate, or None
+    time: float           # time.perf_counter() when the tokens were ready
 
 
 class LLMEngine:
@@ -51,36 +57,20 @@ class LLMEngine:
                         "the engine drops to the free cores. Import core first, or set "
                         f"GOMP_SPINCOUNT={OMP_SPIN_COUNT}.")
         self.config = config
-        self.cpu_share = CpuShare(config.num_threads) if config.share_cpu else None
-        if not config.share_cpu and config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.model_config = mc = loaded.config
         self.model_source = loaded.source
         self.tokenizer = loaded.tokenizer
-        if getattr(loaded, "models", None):          # a sibling in its parent's format: the same modules
-            self.model, self.reference_model = loaded.models
-        else:
-            self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
-                                                     config.lm_head_candidates)
-            self.model.use_kernels(kernels(mc))                  # None where it cannot be built: torch's
-            if config.native:
-                self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
-            # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
-            self.reference_model = self.model.reference()
-        bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
-        self.cache = KVCache(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        self.runner = ModelRunner(config, loaded)                 # the model and the KV pool
+        num_blocks = self.runner.num_blocks
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(self.model, self.cache)
         self.sampler = Sampler()
         # A sequence can never grow past the window, nor past the whole pool.
         window = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.max_model_len = min(window, num_blocks * config.block_size)
         self.stop_token_ids = {mc.eos_token_id, self.tokenizer.eos_token_id}
-        self.trace: deque[StepTrace] = deque(maxlen=config.trace_steps)
-        self.num_steps = 0
-        self.start_time = time.perf_counter()
+        self.recorder = StepRecorder(self.scheduler, config.trace_steps)
+        self.view = EngineView(self)
         self._ids = itertools.count()
         self._rng = random.Random(config.seed)
 
@@ -94,8 +84,9 @@ class LLMEngine:
         config = dataclasses.replace(self.config, **settings)
         packed_alike = all(getattr(config, f) == getattr(self.config, f)
                            for f in ("weight_format", "lm_head_candidates", "native"))
-        loaded = _Shared(self.model_config, self.model.state_dict(), self.tokenizer, self.model_source,
-                         (self.model, self.reference_model) if packed_alike else None)
+        runner = self.runner
+        loaded = _Shared(self.model_config, runner.model.state_dict(), self.tokenizer, self.model_source,
+                         (runner.model, runner.reference_model) if packed_alike else None)
         return LLMEngine(config, loaded)
 
     # -- requests ----------------------------------------------------------------------------
@@ -155,82 +146,46 @@ class LLMEngine:
         seq = self.add_request([self.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
         while not seq.is_finished:
             self.step()
-        self.trace.clear()
-        self.num_steps = 0
+        self.recorder.reset()
         self._ids = itertools.count()
-        self.start_time = time.perf_counter()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for every request that got a token or finished."""
-        if self.cpu_share is not None:
-            self.cpu_share.update()
-        t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
-        if not sched.scheduled:
+        """One step: schedule -> run -> postprocess -> record. -> an output per request that got a token or finished."""
+        self.runner.fit_threads()
+        self.recorder.start()
+        batch = self.scheduler.schedule()
+        if not batch.scheduled:
             return []
-        slots, work = list(self.scheduler.slots), self._slot_work(sched, t0)  # for the trace
-        seqs, tokens, candidates = self.run(sched.scheduled)
-        t1 = time.perf_counter()
-        outputs = self.postprocess(sched.scheduled, seqs, tokens, candidates, t1)
-        self._record(sched, slots, work, outputs, t0, t1)
+        self.recorder.begin(batch)
+        sampled = self.run(batch)
+        outputs = self.postprocess(batch, sampled)
+        self.recorder.end(batch, outputs, sampled.time)
         return outputs
 
-    def run(self, scheduled):
+    def run(self, batch: SchedulerOutput) -> Sampled:
         """The model over every scheduled token at once, then one sampled token per sequence
-        whose computed tokens reach its end. -> (those sequences, their tokens, candidates)."""
-        step_input = self.runner.prepare(scheduled)
+        whose computed tokens reach its end."""
+        step_input = self.runner.prepare(batch.scheduled)
         logits = self.runner.run(step_input)                       # (N, V)
         seqs = step_input.sample_seqs
         tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return seqs, tokens, candidates
+        return Sampled(seqs, tokens, candidates, time.perf_counter())
 
-    def postprocess(self, scheduled, seqs, tokens, candidates, now: float) -> list[RequestOutput]:
+    def postprocess(self, batch: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:
         """Advance the scheduled sequences, publish their full blocks to the prefix cache, append
         the sampled tokens and check stop conditions (a finished request frees its blocks)."""
-        for seq, n in scheduled:
+        for seq, n in batch.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.publish(seq)
         outputs = []
-        for seq, token, cands in zip(seqs, tokens, candidates):
-            self._append_token(seq, token, cands, now)
+        for seq, token, cands in zip(sampled.seqs, sampled.tokens, sampled.candidates):
+            self._append_token(seq, token, cands, sampled.time)
             outputs.append(seq.output([token], seq.detokenizer.release(seq.is_finished)))
         return outputs
-
-    # -- trace and metrics, beside the step --------------------------------------------------
-    def _slot_work(self, sched, t0: float) -> dict[str, SlotWork]:
-        """What each scheduled request does this step, decided before the step changes it."""
-        work = {}
-        for seq, n in sched.scheduled:
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = t0
-            decode = seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0
-            work[seq.request_id] = SlotWork(seq.request_id, StepKind.DECODE if decode else StepKind.PREFILL, n,
-                                            recompute=seq.num_preemptions > 0 and not decode)
-        return work
-
-    def _record(self, sched, slots, work: dict[str, SlotWork], outputs, t0: float, t1: float) -> None:
-        slots = _trim(slots)
-        for out in outputs:
-            work[out.request_id].output_index = len(out.token_ids)
-        for seq, n in sched.scheduled:
-            seq.metrics.steps.append(StepRecord(self.num_steps, t0, t1 - t0, work[seq.request_id].kind, n,
-                                                len(sched.scheduled), sched.num_batched_tokens))
-        self.trace.append(StepTrace(
-            step=self.num_steps, start_s=t0 - self.start_time, duration_s=t1 - t0,
-            num_batched_tokens=sched.num_batched_tokens,
-            num_prefill_tokens=sum(w.num_tokens for w in work.values() if w.kind == StepKind.PREFILL),
-            num_decode_tokens=sum(w.num_tokens for w in work.values() if w.kind == StepKind.DECODE),
-            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-            kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
-            kv_blocks_total=self.block_manager.num_blocks,
-            slots=[work.get(rid) or (SlotWork(rid, StepKind.IDLE) if rid else None) for rid in slots],
-            preempted=[s.request_id for s in sched.preempted],
-            finished=[out.request_id for out in outputs if out.finished]))
-        self.num_steps += 1
 
     def _append_token(self, seq: Sequence, token: int, cands, now: float) -> None:
         seq.token_ids.append(token)
@@ -255,58 +210,6 @@ class LLMEngine:
         seq.metrics.finished_time = now
         self.scheduler.finish(seq)
 
-    # -- state for the widgets (call on the engine's thread; EngineLoop publishes copies) ------
-    def info(self) -> dict:
-        """Facts that never change while the engine runs: the model's shape and the engine's limits."""
-        mc, cfg = self.model_config, self.config
-        return {
-            "model": mc.name, "model_source": self.model_source,
-            "context_window": self.max_model_len, "num_layers": mc.num_layers, "num_heads": mc.num_heads,
-            "num_kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim, "hidden_size": mc.hidden_size,
-            "intermediate_size": mc.intermediate_size, "vocab_size": mc.vocab_size,
-            "rope_theta": mc.rope_theta, "tie_word_embeddings": mc.tie_word_embeddings,
-            "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs,
-            "max_num_batched_tokens": cfg.max_num_batched_tokens, "scheduling": cfg.scheduling.value,
-            "enable_prefix_caching": cfg.enable_prefix_caching,
-            "enable_chunked_prefill": cfg.enable_chunked_prefill,
-            "kv_bytes_per_token": mc.kv_values_per_token * BYTES_PER_VALUE,
-            "weight_format": cfg.weight_format.value,
-            "num_params": sum(p.numel() for p in self.model.parameters()),
-        }
-
-    def stats(self) -> dict:
-        """What changes step by step: the KV pool, the queues, the step count."""
-        return {"kv": self.kv_stats(), "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting),
-                "waiting_tokens": sum(s.num_tokens - s.num_computed_tokens for s in self.scheduler.waiting),
-                "steps": self.num_steps}
-
-    def block_tables(self) -> list[dict]:
-        """A copy of every running request's block table, with the pool's reference counts."""
-        refs = self.block_manager.ref_counts()
-        return [{"request_id": s.request_id, "num_tokens": s.num_tokens,
-                 "num_computed_tokens": s.num_computed_tokens, "num_cached_tokens": s.num_cached_tokens,
-                 "blocks": list(s.block_table), "ref_counts": [int(refs[b]) for b in s.block_table]}
-                for s in self.scheduler.running]
-
-    def kv_stats(self) -> dict:
-        bm = self.block_manager
-        return {
-            "total_blocks": bm.num_blocks,
-            "free_blocks": bm.num_free_blocks,
-            "used_blocks": bm.num_blocks - bm.num_free_blocks,
-            "cached_blocks": bm.num_cached_blocks,
-            "block_size": bm.block_size,
-            "bytes": self.cache.nbytes,
-            "bytes_per_token": self.model_config.kv_values_per_token * BYTES_PER_VALUE,
-        }
-
-    def kv_pool_map(self) -> dict:
-        """Every block of the pool: its reference count (0: free), and the ids of the blocks that
-        hold a published prefix (in use, or free but not yet evicted)."""
-        bm = self.block_manager
-        return {"ref_counts": bm.ref_counts(), "cached_block_ids": sorted(bm.cached.values())}
-
 
 @dataclasses.dataclass
 class _Shared:
@@ -318,8 +221,3 @@ class _Shared:
     source: str
     models: tuple | None = None   # (model, reference_model) to run as they are, when packed alike
 
-
-def _trim(slots: list) -> list:
-    """Slots up to the last occupied one."""
-    last = max((i for i, s in enumerate(slots) if s is not None), default=-1)
-    return slots[: last + 1]

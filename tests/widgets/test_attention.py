@@ -77,7 +77,7 @@ def test_head_all_is_the_models_own_weights(ws, live_server):
     assert reply["num_tokens"] == len(ids) and [t["id"] for t in reply["tokens"]] == ids
     assert reply["heads"] == list(range(H)) and reply["bin_size"] == 1
     assert reply["kv_heads"] == [h // (H // Hkv) for h in range(H)]
-    expected = probes.run(engine.reference_model, ids, attention={1})[1].attention.double()   # (H, T, T), fp32
+    expected = probes.run(engine.view.reference_model, ids, attention={1})[1].attention.double()   # (H, T, T), fp32
     got = torch.stack([full(rows) for rows in reply["weights"]])
     assert torch.allclose(got, expected, atol=1e-6)
     assert torch.allclose(got.sum(-1), torch.ones(H, len(ids), dtype=torch.float64), atol=1e-5)

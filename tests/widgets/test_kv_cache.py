@@ -155,4 +155,4 @@ def test_the_job_runs_one_engine_step_per_slice_and_counts_each_generation_step(
     assert progress[-1].done == progress[-1].total == len(items)
     check_counts(r, P, N)
     assert r["same"] is True
-    assert engine.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched
+    assert engine.view.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched

@@ -135,7 +135,7 @@ def test_the_jobs_run_in_short_slices(tiny_loaded):
         assert all(isinstance(i, Progress) and 0 <= i.done <= i.total and i.note for i in items)
         assert len(items) >= len(ids) * 2                  # several slices per text and layer
     assert r["max_abs_diff"] <= 1e-6
-    assert engine.stats()["kv"]["used_blocks"] == 0
+    assert engine.view.stats()["kv"]["used_blocks"] == 0
 
 
 @pytest.mark.real_model
