@@ -72,10 +72,16 @@ PATHS.update({"core/csrc/": "core/kernels/csrc/", "core/lab/": "app/lab/"})
 VIEW_METHODS = ("info", "stats", "kv_stats", "block_tables", "kv_pool_map")
 MOVED_ATTRS = ("reference_model", "model", "cache", "trace", "num_steps", "start_time")
 APP_ATTRS = ("config", "model_config", "tokenizer", "max_model_len")
-OWNERS = r"(?:self|runtime|loop|llm|self\.loop|self\.runtime|call\.runtime|conn\.runtime)"
+OWNERS = r"(?:self|loop|llm|self\.loop|(?:\w+\.)*runtime)"
 ENGINE = r"(?<![\w.])((?:" + OWNERS + r"\.)?engine|exp|sib|sibling|cold|warm)"
+# tests/ name their engines more freely, and build them with make_*engine(...)
+TEST_ENGINE = r"(?<![\w.])((?:(?:" + OWNERS + r")\.)?engine|exp|sib|sibling|cold|warm|same|other|plain|fixed" \
+    r"|make_\w*engine\([^()\n]*\))"
 METHOD_RE = re.compile(ENGINE + r"\.(" + "|".join(VIEW_METHODS) + r")\(")
 MOVED_RE = re.compile(ENGINE + r"\.(" + "|".join(MOVED_ATTRS) + r")\b(?!\s*=[^=])")
+TEST_METHOD_RE = re.compile(TEST_ENGINE + r"\.(" + "|".join(VIEW_METHODS) + r")\(")
+TEST_MOVED_RE = re.compile(TEST_ENGINE + r"\.(" + "|".join(MOVED_ATTRS) + r")\b(?!\s*=[^=])")
+CPU_SHARE_RE = re.compile(TEST_ENGINE + r"\.cpu_share\b")     # the runner sets the threads now
 ATTR_RE = re.compile(ENGINE + r"\.(" + "|".join(APP_ATTRS) + r")\b(?!\s*=[^=])")
 
 # A dotted path to rewrite; a from-import's module is not one (rewrite_from has done it).
@@ -162,6 +168,7 @@ def split_native(text: str) -> str:
 
 
 def rewrite_text(text: str, path: Path, view: bool = True) -> str:
+    text = text.replace('logger="core.native"', 'logger="core.kernels.loader"')   # the loader logs its build
     native = re.search(r"^[ \t]*from[ \t]+core[ \t]+import[ \t]+.*\bnative\b(?![ \t]+as)", text, re.M)
     new = FROM_IMPORT.sub(rewrite_from, text)
     if new != text:
@@ -171,8 +178,11 @@ def rewrite_text(text: str, path: Path, view: bool = True) -> str:
         text = re.sub(r"(?<![\w/])" + re.escape(old), new, text)
     if not view:
         return text
-    text = METHOD_RE.sub(r"\1.view.\2(", text)
-    text = MOVED_RE.sub(r"\1.view.\2", text)
+    tests = bool(path.parts) and path.parts[0] == "tests"
+    text = (TEST_METHOD_RE if tests else METHOD_RE).sub(r"\1.view.\2(", text)
+    text = (TEST_MOVED_RE if tests else MOVED_RE).sub(r"\1.view.\2", text)
+    if tests:
+        text = CPU_SHARE_RE.sub(r"\1.runner.cpu_share", text)
     if path.parts and path.parts[0] in ("app", "bench"):
         text = ATTR_RE.sub(r"\1.view.\2", text)
     return text
