@@ -1,6 +1,6 @@
 """Rewrite imports of core's old flat modules to the packages they moved into (issue 24).
 
-    python tools/core_rewrite.py                 # every .py and .md file of the tree (and the Makefile)
+    python tools/core_rewrite.py                 # every .py, .md and .js file (and Makefile, pyproject)
     python tools/core_rewrite.py app/x.py a.md   # only these files
     python tools/core_rewrite.py --imports-only  # module paths only, not the engine's view
 
@@ -66,6 +66,8 @@ NEW_MODULES = set(MODULES.values()) | {"core.kernels.loader", "core.engine.step_
     | {f"{pkg}.{sub}" for pkg, subs in NEW_PACKAGES.items() for sub in subs}
 PATHS = {old.replace(".", "/") + ".py": new.replace(".", "/") + ".py" for old, new in MODULES.items()}
 PATHS.update({"core/csrc/": "core/kernels/csrc/", "core/lab/": "app/lab/"})
+PATHS.update({old.replace(".", "/") + ".": new.replace(".", "/") + "."        # core/tensor_parallel.split_error
+              for old, new in MODULES.items() if old.count(".") == 1})
 
 # Engine reads that moved to LLMEngine.view: methods and the attributes the engine no longer has
 # (everywhere), and the engine's settings, which the app's side reads through the view too.
@@ -192,7 +194,7 @@ def files(args: list[str], root: Path) -> list[Path]:
     if args:
         return [Path(a) for a in args]
     skip = {".git", ".venv", "node_modules", "artifacts", "__pycache__"}
-    found = [p for ext in ("*.py", "*.md") for p in root.rglob(ext) if not skip & set(p.parts)]
+    found = [p for ext in ("*.py", "*.md", "*.js") for p in root.rglob(ext) if not skip & set(p.parts)]
     found += [root / "Makefile", root / "pyproject.toml"]
     return [p.relative_to(root) if p.is_absolute() else p for p in found
             if p.exists() and p.name != "core_rewrite.py"]

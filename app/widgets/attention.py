@@ -7,7 +7,7 @@ Messages (jobs, cached by their inputs):
 - `attention_row` {text, layer, head, query} -> one query token's full row (never binned): what
   the widget draws as bars when a reader clicks a token.
 
-The weights are the model's own: core/probes.slices runs the text through the blocks up to
+The weights are the model's own: core/inspect/probes.slices runs the text through the blocks up to
 `layer`, computing each block's softmax(q k^T / sqrt(D)) with the causal mask by the engine's
 own `attend`, a few query rows per slice (Vaswani et al., 2017; grouped-query attention, where query
 head h reads KV head h // (H / Hkv), as in Ainslie et al., 2023). The pass stops after that layer.
