@@ -19,7 +19,7 @@ APT_INSTALL := $(SUDO) tools/apt-install
 
 BENCH_ARGS ?=
 
-# The engine builds its C++ decoder on first use (core/native.py): g++ and Python's headers.
+# The engine builds its C++ decoder on first use (core/kernels/loader.py): g++ and Python's headers.
 export HAS_PYTHON_H := import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
 
 .PHONY: serve test fast bench clean

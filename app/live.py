@@ -72,7 +72,7 @@ class Call:
         self.runtime = conn.runtime
         self.config = conn.runtime.config
         self.info = conn.runtime.info
-        self.tokenizer = conn.runtime.engine.tokenizer
+        self.tokenizer = conn.runtime.engine.view.tokenizer
 
     def reply(self, payload: dict, type: str | None = None) -> None:
         """Answer now: {"type": <this type>, "id": <this id>, **payload}."""

@@ -3,8 +3,8 @@
 `init_app` loads the model named by the config, starts an EngineLoop on its own thread with the
 job runner as its side work, and keeps both, with the count of open websocket connections, in
 `app.extensions["sendlens"]`. Requests from every browser go into this one engine, so they are
-batched together. The app reads the engine only through the loop's snapshots (info, stats) and
-jobs that run on the loop's thread.
+batched together. The app reads the engine only through its read-only view (core/engine/view.py):
+the loop's snapshots of it (info, stats) and jobs that run on the loop's thread.
 """
 
 import atexit
@@ -13,9 +13,9 @@ from collections import Counter
 
 from flask import Flask, current_app
 
-from core.engine import LLMEngine
-from core.engine_loop import EngineLoop
-from core.workers import ProcessBudget
+from core.engine.engine_loop import EngineLoop
+from core.engine.llm_engine import LLMEngine
+from core.parallel.workers import ProcessBudget
 
 from .config import ServerConfig
 from .jobs import JobRunner

@@ -488,7 +488,7 @@ def facts(info: dict) -> dict:
 
 def tensor_parallel_degrees(num_heads: int, num_kv_heads: int, up_to: int = 4) -> dict:
     """The degrees up to `up_to` that split the heads into whole groups, and those refused, in words."""
-    from core.tensor_parallel import split_error
+    from core.parallel.tensor_parallel import split_error
 
     def words(ns: list[int]) -> str:
         return " and ".join(map(str, ns)) if len(ns) < 3 else ", ".join(map(str, ns[:-1])) + f" and {ns[-1]}"

@@ -44,7 +44,7 @@ class Ours:
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every linear layer and the LM head."""
-        return self.engine.model.decode_weight_bytes()
+        return self.engine.view.model.decode_weight_bytes()
 
     def _run(self, prompts, n):
         from core import SamplingParams

@@ -3,13 +3,13 @@
 The public API follows vLLM's: LLM, SamplingParams, RequestOutput.
 """
 
-from .config import EngineConfig, ModelConfig, Scheduling
-from .engine import LLMEngine
-from .engine_loop import EngineLoop, RequestStream
-from .errors import ContextLengthExceeded, EngineOverloaded, InvalidParameter
-from .llm import LLM
-from .outputs import Candidate, RequestMetrics, RequestOutput
-from .sampling_params import SamplingParams
+from core.config import EngineConfig, ModelConfig, Scheduling
+from core.engine.engine_loop import EngineLoop, RequestStream
+from core.engine.llm_engine import LLMEngine
+from core.engine.outputs import Candidate, RequestMetrics, RequestOutput
+from core.engine.sampling_params import SamplingParams
+from core.errors import ContextLengthExceeded, EngineOverloaded, InvalidParameter
+from core.llm import LLM
 
 __all__ = [
     "LLM", "SamplingParams", "RequestOutput", "RequestMetrics", "Candidate", "LLMEngine",

@@ -7,9 +7,9 @@
 import argparse
 import sys
 
-from .errors import InvalidParameter
-from .llm import LLM
-from .sampling_params import SamplingParams
+from core.engine.sampling_params import SamplingParams
+from core.errors import InvalidParameter
+from core.llm import LLM
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:

@@ -9,12 +9,12 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 
-from .errors import InvalidParameter, is_int
+from core.errors import InvalidParameter, is_int
 
 # How long an OpenMP thread spins before it sleeps, read once when torch loads libgomp (core's
 # __init__ imports this module before anything imports torch). A decode step is ~100 parallel
-# regions: sleeping at once (OMP_WAIT_POLICY=PASSIVE) pays a slow wake-up in each, 32-36 tokens/s
-# here; a short spin keeps threads hot between them, 65. Spinning starves a partner thread when
+# regions: sleeping at once (OMP_WAIT_POLICY=PASSIVE) pays a slow wake-up in each; a short spin
+# keeps threads hot between them, much faster (cpu_share.py). Spinning starves a partner thread when
 # another process is busy on the same cores, so the server runs on the cores others leave free
 # (cpu_share.py). Either variable set by the user wins. LLMEngine logs a warning when torch came
 # first and the setting could not reach OpenMP (OMP_POLICY_APPLIED).
@@ -57,7 +57,7 @@ class ModelConfig:
 
 
 class WeightFormat(str, Enum):
-    """How the linear layers' weights are stored and multiplied (see core/gemm.py)."""
+    """How the linear layers' weights are stored and multiplied (see core/model/linear.py)."""
     FP32 = "fp32"   # the reference: fp32 weights (the engine's kernel; oneDNN or MKL without it)
     BF16 = "bf16"   # bfloat16 weights, fp32 accumulation (oneDNN with AVX-512 BF16, else the engine's kernel)
     Q4_1 = "q4_1"   # the GGUF's own 4-bit groups, the engine's kernel (AVX-512 BF16 or AVX2) or PyTorch's int4
@@ -87,7 +87,7 @@ class EngineConfig:
     share_cpu: bool = True                # before each step, use only the cores other processes leave free
                                           # (cpu_share.py); False: num_threads (if set) all the time
     weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16 or q4_1 (fastest)
-    native: bool = True                   # the layers of a step in C++ (native.py): the same operations and
+    native: bool = True                   # the layers of a step in C++ (model/native_decoder.py): the same operations and
                                           # bits as model.py, less Python; False, or no compiler: Python
     lm_head_candidates: int = 64          # bf16/q4_1: top logits recomputed exactly in fp32
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets

@@ -4,12 +4,13 @@ A decode step is about a hundred parallel regions (every matrix product, softmax
 OpenMP's threads meet at the end of each. How a thread waits there decides the speed:
 
 - Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a wake-up per region, and in a virtual
-  machine waking an idle CPU is slow: q4_1 decode alone ran at 32-36 tokens/s on 2 threads.
+  machine waking an idle CPU is slow: decode runs far below what the cores can do.
 - Spinning a short while first (GOMP_SPINCOUNT, set in config.py before torch loads OpenMP)
-  keeps the threads hot between regions: 65 tokens/s on the same quiet machine.
+  keeps the threads hot between regions: decode runs much faster on the same quiet machine.
 - But a spinning thread is a disaster beside another busy process: when one thread of the pair
   is preempted, the other spins away the slice it needs. With one CPU-bound process on 2 cores,
-  decode fell to 9 tokens/s on 2 spinning threads, against 51 on one thread.
+  decode on 2 spinning threads runs several times slower than on one thread.
+(`python -m bench` measures decode speed; the README's benchmark section has its numbers.)
 
 So the engine spins, and uses only the cores others leave free. Every `interval_s` it reads how
 busy the CPUs it may run on were (/proc/stat), subtracts its own process's CPU time (os.times),

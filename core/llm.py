@@ -10,12 +10,12 @@ batched together exactly as concurrent users' requests are.
 
 from dataclasses import fields
 
-from .config import EngineConfig
-from .engine import LLMEngine
-from .errors import InvalidParameter
-from .outputs import RequestOutput
-from .sampling_params import SamplingParams
-from .tokenizer import validate_messages
+from core.config import EngineConfig
+from core.engine.llm_engine import LLMEngine
+from core.engine.outputs import RequestOutput
+from core.engine.sampling_params import SamplingParams
+from core.errors import InvalidParameter
+from core.model.tokenizer import validate_messages
 
 
 class LLM:

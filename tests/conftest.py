@@ -27,8 +27,8 @@ ARTIFACTS = Path(os.environ.get("SENDLENS_ARTIFACTS", ROOT / "artifacts"))
 def pytest_sessionstart(session):
     """Build the engine's C++ decoder once, before any test or server starts an engine (the first
     build takes about a minute; later runs load it from torch's extensions cache)."""
-    from core import native
-    native.extension()
+    from core.kernels import loader
+    loader.extension()
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +163,7 @@ def make_tiny_engine(tiny_loaded):
 
 def _assert_pool_clean(engine):
     """Nothing running or queued, every KV block free, every reference count 0."""
-    stats = engine.kv_stats()
+    stats = engine.view.kv_stats()
     assert not engine.has_unfinished_requests()
     assert stats["free_blocks"] == stats["total_blocks"]
     assert stats["used_blocks"] == 0
@@ -197,7 +197,7 @@ def drain(gen):
 def lm_head_bytes_per_weight_q4_1() -> float:
     """Bytes a weight of q4_1's LM head takes: Q8_0 (a byte, and an fp16 scale per 32) where its
     kernel runs, else two Q4_1 halves (half a byte and an fp16 scale and minimum per 32, twice)."""
-    from core.gemm import PackedQ8_0
+    from core.model.linear import PackedQ8_0
     import torch
     return 1 + 2 / 32 if PackedQ8_0(torch.ones(16, 32)).prepacked else 2 * (0.5 + 4 / 32)
 
@@ -354,7 +354,7 @@ def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: f
     assert pg.console_errors == [] and pg.page_errors == [], (pg.console_errors, pg.page_errors)
 
 
-# ---- worker processes (core/workers.py) left behind? -------------------------------------------
+# ---- worker processes (core/parallel/workers.py) left behind? -------------------------------------------
 
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""

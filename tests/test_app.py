@@ -425,10 +425,10 @@ def test_server_config_default_max_tokens_within_limit():
 
 def test_server_config_copies_the_engine_config():
     from core.config import EngineConfig
-    engine = EngineConfig(block_size=8)
-    cfg = ServerConfig(model="tiny", engine=engine)
+    engine_config = EngineConfig(block_size=8)
+    cfg = ServerConfig(model="tiny", engine=engine_config)
     assert cfg.engine.model == "tiny" and cfg.engine.block_size == 8
-    assert engine.model == "smollm2-135m"  # the caller's object is left as it was
+    assert engine_config.model == "smollm2-135m"  # the caller's object is left as it was
 
 
 def test_server_config_from_mapping():

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from core import SamplingParams
-from core.attention import MIN_KEYS, PagedBatch, attend, build_group, causal_attention, min_query_rows, paged_attention
-from core.gemm import MIN_GEMM_ROWS, linear
-from core.kv_cache import KVCache
+from core.model.attention import MIN_KEYS, PagedBatch, attend, build_group, causal_attention, min_query_rows, paged_attention
+from core.model.kv_cache import KVCache
+from core.model.linear import MIN_GEMM_ROWS, linear
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -115,10 +115,11 @@ def test_attend_masks_whole_rows_per_sequence():
 
 
 def kernel_or_torch(name):
-    """The C++ kernel (native.py builds it; test_native checks that it is built here), or None:
+    """The C++ kernel (core/kernels/loader.py builds it; test_native checks that it is built here), or None:
     attention.py's torch path."""
-    from core import native
-    return native.extension() if name == "kernel" else None
+    from core.kernels import loader
+    from core.model import native_decoder
+    return loader.extension() if name == "kernel" else None
 
 
 def paged_batch(cache, tables, chunks, kernel):
@@ -332,7 +333,7 @@ def test_logits_are_bit_identical_in_any_batch_smollm(make_smollm, fmt):
 
 def test_plan_groups_keeps_a_long_context_apart():
     """One decode with a long context must not pad thirty short decodes to its length."""
-    from core.attention import plan_groups
+    from core.model.attention import plan_groups
     bs = 16
     short = [(i, 1, 20, [i]) for i in range(31)]              # 1 query, 1 block each
     long = [(31, 1, 7000, list(range(100, 100 + 438)))]       # 1 query, 438 blocks
@@ -342,7 +343,7 @@ def test_plan_groups_keeps_a_long_context_apart():
 
 
 def test_plan_groups_separates_a_long_prefill_from_small_ones():
-    from core.attention import plan_groups
+    from core.model.attention import plan_groups
     bs = 16
     prefill = [(0, 344, 6656, list(range(438)))]
     tiny = [(344 + 2 * i, 2, 0, [500 + i]) for i in range(40)]
@@ -352,6 +353,6 @@ def test_plan_groups_separates_a_long_prefill_from_small_ones():
 
 
 def test_plan_groups_keeps_similar_sequences_together():
-    from core.attention import plan_groups
+    from core.model.attention import plan_groups
     seqs = [(i, 1, 30 + i, [i, i + 100]) for i in range(64)]   # 64 decodes of two blocks each
     assert plan_groups(seqs, 16, min_rows=2) == [sorted(seqs, key=lambda s: (s[1] > 1, len(s[3]), s[1]))]

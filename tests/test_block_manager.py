@@ -2,15 +2,15 @@
 
 import pytest
 
-import core.block_manager as bm_module
-from core.block_manager import BlockManager, hash_block
+import core.engine.block_manager as bm_module
+from core.engine.block_manager import BlockManager, hash_block
 from core.errors import InvalidParameter
 
 BS = 4  # a small block size keeps the token lists short
 
 
 class FakeSeq:
-    """The fields of core.sequence.Sequence that the block manager reads and writes."""
+    """The fields of core.engine.sequence.Sequence that the block manager reads and writes."""
 
     def __init__(self, token_ids):
         self.token_ids = list(token_ids)

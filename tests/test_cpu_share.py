@@ -146,9 +146,9 @@ def test_a_busy_process_is_seen_on_the_real_machine(restore_threads):
 
 def test_the_engine_sets_its_threads_and_a_sibling_leaves_them(make_tiny_engine, restore_threads):
     engine = make_tiny_engine(num_threads=1)
-    assert engine.cpu_share.max_threads == 1 and torch.get_num_threads() == 1
+    assert engine.runner.cpu_share.max_threads == 1 and torch.get_num_threads() == 1
     torch.set_num_threads(2)
     sibling = engine.sibling(num_kv_blocks=8)
-    assert sibling.cpu_share is None and torch.get_num_threads() == 2
+    assert sibling.runner.cpu_share is None and torch.get_num_threads() == 2
     fixed = make_tiny_engine(share_cpu=False, num_threads=1)
-    assert fixed.cpu_share is None and torch.get_num_threads() == 1
+    assert fixed.runner.cpu_share is None and torch.get_num_threads() == 1

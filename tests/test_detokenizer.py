@@ -3,7 +3,7 @@
 import pytest
 
 from core import SamplingParams
-from core.detokenizer import Detokenizer
+from core.model.detokenizer import Detokenizer
 
 MIXED = "Café crème 🎉 for 日本語 readers: naïve façades, ½ price, ok?"
 

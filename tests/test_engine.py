@@ -67,7 +67,7 @@ def test_batched_equals_alone_in_any_order(make_smollm, alone, assert_pool_clean
     llm = make_smollm()
     together = llm.generate(PROMPTS, greedy())
     assert [o.prompt for o in together] == PROMPTS
-    assert max(row.running for row in llm.engine.trace) == 16   # they really ran together
+    assert max(row.running for row in llm.engine.view.trace) == 16   # they really ran together
     for i in ALONE:
         assert together[i].token_ids == alone[i], PROMPTS[i]
 
@@ -97,7 +97,7 @@ def test_chunked_prefill_gives_the_same_tokens(make_smollm, smollm, alone, asser
         llm = make_smollm(max_num_batched_tokens=budget, enable_prefix_caching=False)
         outs = llm.generate(prompts, greedy(max_tokens=10))
         results[budget] = [o.token_ids for o in outs]
-        trace = list(llm.engine.trace)
+        trace = list(llm.engine.view.trace)
         assert all(row.num_batched_tokens <= budget for row in trace)
         chunks = prefill_rows(trace)
         assert all(1 <= w.num_tokens <= budget for w in chunks)
@@ -149,7 +149,7 @@ def test_prefix_cache_hit_on_a_shared_system_prompt(make_smollm, assert_pool_cle
     assert out2.num_cached_tokens > 0
     assert out2.num_cached_tokens % bs == 0
     assert out2.num_cached_tokens == (shared // bs) * bs
-    computed = [w.num_tokens for w in prefill_rows(llm.engine.trace) if w.request_id == out2.request_id]
+    computed = [w.num_tokens for w in prefill_rows(llm.engine.view.trace) if w.request_id == out2.request_id]
     assert sum(computed) == len(p2) - out2.num_cached_tokens   # only the rest was computed
 
     uncached = make_smollm(enable_prefix_caching=False)
@@ -184,7 +184,7 @@ def test_preemption_under_a_tiny_kv_pool_keeps_the_outputs(make_smollm, alone, a
     prompts = [PROMPTS[i] for i in picked]
     llm = make_smollm(num_kv_blocks=7)      # 112 token slots; the ten need ~330 (one needs 56)
     outs = llm.generate(prompts, greedy())
-    trace = list(llm.engine.trace)
+    trace = list(llm.engine.view.trace)
     preempted = [rid for row in trace for rid in row.preempted]
     assert preempted, "the pool was meant to be too small for every request at once"
     assert any(w.recompute for w in prefill_rows(trace))
@@ -208,7 +208,7 @@ def test_continuous_beats_static_on_mixed_lengths(make_smollm, assert_pool_clean
         outs = llm.generate(prompts, params)
         assert [len(o.token_ids) for o in outs] == lengths
         assert all(o.finish_reason == "length" for o in outs)
-        runs[scheduling] = ([o.token_ids for o in outs], list(llm.engine.trace), llm.engine.num_steps)
+        runs[scheduling] = ([o.token_ids for o in outs], list(llm.engine.view.trace), llm.engine.view.num_steps)
         assert_pool_clean(llm.engine)
     (static_tokens, static_trace, static_steps), (cont_tokens, cont_trace, cont_steps) = \
         runs["static"], runs["continuous"]
@@ -353,8 +353,8 @@ def test_a_sibling_shares_the_weights_and_nothing_else(make_tiny_engine):
 
     engine = make_tiny_engine(num_kv_blocks=32)
     sib = engine.sibling(num_kv_blocks=8, max_num_seqs=2, enable_prefix_caching=False)
-    assert sib.model.embed_tokens.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
-    assert sib.cache is not engine.cache and sib.block_manager.num_blocks == 8
+    assert sib.view.model.embed_tokens.weight.data_ptr() == engine.view.model.embed_tokens.weight.data_ptr()
+    assert sib.view.cache is not engine.view.cache and sib.block_manager.num_blocks == 8
     assert sib.config.max_num_seqs == 2 and engine.config.max_num_seqs != 2
     params = SamplingParams(temperature=0.0, max_tokens=5)
     a = engine.add_request("Hello there", params)
@@ -363,7 +363,7 @@ def test_a_sibling_shares_the_weights_and_nothing_else(make_tiny_engine):
         engine.step()
         sib.step()
     assert a.output_token_ids == b.output_token_ids
-    assert engine.num_steps == sib.num_steps
+    assert engine.view.num_steps == sib.view.num_steps
 
 
 def test_a_sibling_in_the_same_format_runs_the_same_packed_model(make_tiny_engine):
@@ -371,22 +371,22 @@ def test_a_sibling_in_the_same_format_runs_the_same_packed_model(make_tiny_engin
     sibling in another format packs its own, over the same fp32 weights."""
     engine = make_tiny_engine(num_kv_blocks=32, weight_format="q4_1")
     same = engine.sibling(num_kv_blocks=8, max_num_seqs=2)
-    assert same.model is engine.model and same.reference_model is engine.reference_model
+    assert same.view.model is engine.view.model and same.view.reference_model is engine.view.reference_model
     other = engine.sibling(num_kv_blocks=8, weight_format="fp32")
-    assert other.model is not engine.model and other.model.weight_format.value == "fp32"
-    assert other.model.embed_tokens.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
+    assert other.view.model is not engine.view.model and other.view.model.weight_format.value == "fp32"
+    assert other.view.model.embed_tokens.weight.data_ptr() == engine.view.model.embed_tokens.weight.data_ptr()
 
 
 def test_the_widgets_reference_model_is_fp32_on_the_same_weights(make_tiny_engine):
     """A q4_1 engine serves in q4_1 and says so; the widgets' reference model multiplies the
     same weight tensors in fp32. An fp32 engine's reference is its own model."""
     engine = make_tiny_engine(num_kv_blocks=8, weight_format="q4_1")
-    ref = engine.reference_model
-    assert engine.info()["weight_format"] == "q4_1" and ref.weight_format.value == "fp32"
-    assert ref.embed_tokens.weight.data_ptr() == engine.model.embed_tokens.weight.data_ptr()
-    assert ref.layers[0].mlp.down_proj.weight.data_ptr() == engine.model.layers[0].mlp.down_proj.weight.data_ptr()
+    ref = engine.view.reference_model
+    assert engine.view.info()["weight_format"] == "q4_1" and ref.weight_format.value == "fp32"
+    assert ref.embed_tokens.weight.data_ptr() == engine.view.model.embed_tokens.weight.data_ptr()
+    assert ref.layers[0].mlp.down_proj.weight.data_ptr() == engine.view.model.layers[0].mlp.down_proj.weight.data_ptr()
     plain = make_tiny_engine(num_kv_blocks=8)
-    assert plain.reference_model is plain.model and plain.info()["weight_format"] == "fp32"
+    assert plain.view.reference_model is plain.view.model and plain.view.info()["weight_format"] == "fp32"
 
 
 @pytest.mark.parametrize("torch_first", [True, False])

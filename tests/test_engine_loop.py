@@ -57,7 +57,7 @@ def test_two_threads_submit_and_share_steps(make_loop, assert_pool_clean):
         assert [t for o in outputs for t in o.new_token_ids] == final.token_ids
         assert "".join(o.new_text for o in outputs) == final.text
         assert all(not o.finished for o in outputs[:-1])
-    trace = loop.call(lambda engine: list(engine.trace)).result(TIMEOUT)
+    trace = loop.call(lambda engine: list(engine.view.trace)).result(TIMEOUT)
     shared = [row for row in trace if ids <= {w.request_id for w in row.slots if w is not None}]
     assert shared, "the two requests never ran in the same step"
     loop.call(assert_pool_clean).result(TIMEOUT)
@@ -79,7 +79,7 @@ def test_call_runs_on_the_loop_thread(make_loop):
     caller = threading.current_thread().name
     name = loop.call(lambda engine: threading.current_thread().name).result(TIMEOUT)
     assert name == "sendlens-engine" != caller
-    assert loop.call(lambda engine: engine.kv_stats()["block_size"]).result(TIMEOUT) == 16
+    assert loop.call(lambda engine: engine.view.kv_stats()["block_size"]).result(TIMEOUT) == 16
 
     def boom(engine):
         raise KeyError("inside")
@@ -146,7 +146,7 @@ def test_abort_mid_stream_frees_the_blocks(make_loop, assert_pool_clean):
     assert other.result(TIMEOUT).finish_reason == "length"
     loop.call(assert_pool_clean).result(TIMEOUT)
     loop.abort("no-such-request")                     # harmless
-    assert loop.call(lambda engine: engine.kv_stats()["used_blocks"]).result(TIMEOUT) == 0
+    assert loop.call(lambda engine: engine.view.kv_stats()["used_blocks"]).result(TIMEOUT) == 0
 
 
 def test_shutdown_aborts_what_is_running(make_loop, assert_pool_clean):
@@ -167,7 +167,7 @@ def test_widget_jobs_run_one_per_step(make_loop):
     gate = threading.Event()
     loop.call(lambda engine: gate.wait(TIMEOUT))  # hold the loop while the burst queues up
     stream = loop.submit([5, 6, 7], long_params(20))
-    futures = [loop.call(lambda engine: engine.num_steps) for _ in range(5)]
+    futures = [loop.call(lambda engine: engine.view.num_steps) for _ in range(5)]
     gate.set()
     steps_seen = [f.result(TIMEOUT) for f in futures]
     assert stream.result(TIMEOUT).finish_reason == "length"

@@ -1,4 +1,4 @@
-"""core/expert_parallel.py: the experts of a layer across worker processes, tokens sent by
+"""core/parallel/expert_parallel.py: the experts of a layer across worker processes, tokens sent by
 all-to-all, the output equal to the layer in one process; no worker left behind."""
 
 import statistics
@@ -8,8 +8,8 @@ import torch
 
 from core.config import ModelConfig, WeightFormat
 from core.errors import InvalidParameter
-from core.expert_parallel import PHASES, rank_main, run, summarize, worker_group
-from core.moe import MoEMLP, route
+from core.model.moe import MoEMLP, route
+from core.parallel.expert_parallel import PHASES, rank_main, run, summarize, worker_group
 
 from test_workers import alive
 

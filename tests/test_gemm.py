@@ -1,4 +1,4 @@
-"""gemm.py: every weight format computes x W^T, and a row's result never depends on the batch
+"""core/model/linear.py: every weight format computes x W^T, and a row's result never depends on the batch
 (bit for bit, one and two threads), on the engine's own kernels, oneDNN's prepacked product or
 PyTorch's plain one; the Q4_1 and Q8_0 packings stand for the same weights."""
 
@@ -7,7 +7,7 @@ import torch
 
 from core.config import WeightFormat
 from core.errors import InvalidParameter
-from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
+from core.model.linear import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
                        pack_q4_1, pack_q4_1_native, pad_rows, prepacking_available, products_here, q4_kernel,
                        q4_kernel_isa, quantize_q4_1, quantize_q8_0)
 

@@ -184,11 +184,11 @@ def test_a_long_job_runs_one_slice_between_a_chats_steps(smollm_loaded):
     of slices and steps is checked, not their times (times on a shared machine are noise)."""
     import statistics
 
-    from core import probes
     from core.config import EngineConfig
-    from core.engine import LLMEngine
-    from core.engine_loop import EngineLoop
-    from core.sampling_params import SamplingParams
+    from core.engine.engine_loop import EngineLoop
+    from core.engine.llm_engine import LLMEngine
+    from core.engine.sampling_params import SamplingParams
+    from core.inspect import probes
 
     engine = LLMEngine(EngineConfig(model="smollm2-135m"), smollm_loaded)
     engine.warmup()
@@ -219,7 +219,7 @@ def test_a_long_job_runs_one_slice_between_a_chats_steps(smollm_loaded):
 
         def work(engine):
             layers = 0
-            for item in probes.slices(engine.model, ids, attention=True):
+            for item in probes.slices(engine.view.model, ids, attention=True):
                 if item is not None:
                     layers += 1
                 yield Progress(layers, engine.model_config.num_layers)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import lm_head_bytes_per_weight_q4_1
-from core.model import MLP, RMSNorm, Rotary, Transformer
+from core.model.model import MLP, RMSNorm, Rotary, Transformer
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +37,14 @@ def test_rmsnorm_is_x_over_rms_times_weight():
 def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
     """The engine's kernel (csrc/rms_norm.cpp), once use_kernels sets it: the same definition to
     float rounding, and each row's bits independent of the others."""
-    from core import native
+    from core.kernels import loader
     g = torch.Generator().manual_seed(1)
     norm = RMSNorm(576, eps=1e-5)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(576, generator=g))
     x = torch.randn(rows, 576, generator=g) * 3
     expected = torch.nn.functional.rms_norm(x, (576,), norm.weight, eps=1e-5)
-    norm.kernel = native.extension()
+    norm.kernel = loader.extension()
     y = norm(x)
     assert torch.allclose(y, expected, rtol=1e-5, atol=1e-6)
     for r in {0, rows // 2, rows - 1}:
@@ -52,24 +52,24 @@ def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
 
 
 def test_use_kernels_sets_every_norm(tiny_loaded):
-    from core import native
+    from core.kernels import loader
     model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)
     parts = [m for m in model.modules() if isinstance(m, (RMSNorm, Rotary, MLP))]
     assert len(parts) == 3 * tiny_loaded.config.num_layers + 2 and all(m.kernel is None for m in parts)
-    model.use_kernels(native.kernels(tiny_loaded.config))
-    assert all(m.kernel is native.extension() for m in parts)
+    model.use_kernels(loader.kernels(tiny_loaded.config))
+    assert all(m.kernel is loader.extension() for m in parts)
 
 
 def test_the_rotary_kernel_is_the_definition():
     """csrc/rotary.cpp against Rotary's torch code, on strided rows as the model passes them."""
-    from core import native
+    from core.kernels import loader
     g = torch.Generator().manual_seed(2)
     rotary = Rotary(64, 10000.0, 512)
     qkv = torch.randn(37, 15 * 64, generator=g)
     x = qkv[:, : 12 * 64].view(37, 12, 64)                  # (T, heads, D), rows strided
     positions = torch.randint(0, 512, (37,), generator=g)
     expected = rotary(x, positions)
-    rotary.kernel = native.extension()
+    rotary.kernel = loader.extension()
     y = rotary(x, positions)
     assert y.is_contiguous() and torch.allclose(y, expected, rtol=1e-6, atol=1e-6)
     assert torch.equal(rotary(x[5:6], positions[5:6])[0], y[5])     # a token alone: the same bits
@@ -81,11 +81,11 @@ def test_the_rotary_kernel_is_the_definition():
 def test_the_silu_mul_kernel_is_the_definition(dtype):
     """csrc/silu_mul.cpp: silu(gate) * up computed in float and rounded once to the input's dtype
     (to nearest even for bfloat16), each row on its own, also where silu saturates."""
-    from core import native
+    from core.kernels import loader
     g = torch.Generator().manual_seed(3)
     gate_up = (torch.randn(9, 2 * 1536, generator=g) * 4).to(dtype)
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])   # e^-gate overflows, vanishes; zeros
-    y = native.extension().silu_mul(gate_up)
+    y = loader.extension().silu_mul(gate_up)
     gate, up = gate_up.float().chunk(2, dim=-1)
     exact = torch.nn.functional.silu(gate) * up                   # in float
     assert y.dtype == dtype and y.shape == (9, 1536)
@@ -94,7 +94,7 @@ def test_the_silu_mul_kernel_is_the_definition(dtype):
     else:                                                         # one rounding of a float close to exact
         assert torch.allclose(y.float(), exact.to(dtype).float(), rtol=2 ** -7, atol=1e-6)
     assert y[0, 0] == 0 and y[0, 1] == 200 * up[0, 1].to(dtype) and y[0, 2] == 0
-    assert torch.equal(native.extension().silu_mul(gate_up[4:5])[0], y[4])
+    assert torch.equal(loader.extension().silu_mul(gate_up[4:5])[0], y[4])
 
 
 def test_rotary_rotates_pairs_of_half_dimensions():
@@ -169,7 +169,7 @@ def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
     engine.block_manager.allocate(seq, len(ids))
     step = engine.runner.prepare([(seq, len(ids))])
     with torch.inference_mode():
-        paged = engine.model.logits(engine.model(step.input_ids, step.positions, step.batch))
+        paged = engine.view.model.logits(engine.view.model(step.input_ids, step.positions, step.batch))
     assert torch.allclose(paged, tiny_model.score(ids), atol=1e-4)
 
 

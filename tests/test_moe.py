@@ -1,4 +1,4 @@
-"""core/moe.py: the mixture-of-experts MLP. All experts together are the dense MLP; the grouped
+"""core/model/moe.py: the mixture-of-experts MLP. All experts together are the dense MLP; the grouped
 product equals a plain per-token sum of its experts; a token gets the same result alone and
 batched; the engine serves smollm2-135m-moe16 with the same tokens alone and batched, and the
 same as a plain uncached greedy loop over the model."""
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from core.config import ModelConfig
 from core.errors import InvalidParameter
-from core.model import Transformer
-from core.moe import MoEMLP, batch_split, route
+from core.model.model import Transformer
+from core.model.moe import MoEMLP, batch_split, route
 from toy_models.moe import derive, random_files, read_files
 
 
@@ -119,7 +119,7 @@ def test_all_16_experts_equal_dense_on_the_real_model(smollm_loaded):
 
 @pytest.fixture(scope="module")
 def moe_loaded():
-    from core.models import load
+    from core.registry import load
     return load("smollm2-135m-moe16")
 
 
@@ -135,7 +135,7 @@ def test_the_engine_serves_the_moe_model_alone_and_batched(moe_loaded):
     batched = [o.token_ids for o in llm.generate(prompts, params)]
     assert alone == batched
     # the engine (paged KV, one token a step) against the model's plain uncached forward, greedy
-    model = llm.engine.model
+    model = llm.engine.view.model
     for p, got in zip(prompts, alone):
         ids = llm.tokenizer.encode(p)
         for _ in range(6):

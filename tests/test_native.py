@@ -1,4 +1,4 @@
-"""native.py: the decoder's layers in C++ give exactly the bits of model.py's Python, in every
+"""core/model/native_decoder.py: the decoder's layers in C++ give exactly the bits of model.py's Python, in every
 weight format, alone, batched and chunked; where it cannot be built the engine runs Python."""
 
 import logging
@@ -6,8 +6,9 @@ import logging
 import pytest
 from test_attention import assert_bit_identical, invariance_cases
 
-from core import native
-from core.gemm import Product
+from core.kernels import loader
+from core.model import native_decoder
+from core.model.linear import Product
 
 FORMATS = ["fp32", "bf16", "q4_1"]
 TEXT = "The quick brown fox jumps over the lazy dog, again and again."
@@ -16,14 +17,14 @@ TEXT = "The quick brown fox jumps over the lazy dog, again and again."
 def test_the_decoder_is_built_here():
     """The test set-up installs a compiler and ninja (Makefile); a silent fallback would hide a
     slower engine."""
-    assert native.extension() is not None
+    assert loader.extension() is not None
 
 
 def python_and_native(make_engine, fmt):
     results = {}
     for use_native in (False, True):
         engine = make_engine(block_size=4, enable_prefix_caching=False, weight_format=fmt, native=use_native)
-        assert (engine.model.native is not None) == use_native
+        assert (engine.view.model.native is not None) == use_native
         target = engine.tokenizer.encode(TEXT)
         for case, logits in invariance_cases(engine, target).items():
             results[f"{case}, {'C++' if use_native else 'Python'}"] = logits
@@ -39,18 +40,18 @@ def test_cpp_and_python_give_the_same_bits_tiny(make_tiny_engine, fmt):
 def test_cpp_and_python_give_the_same_bits_without_prepacking(make_tiny_engine, monkeypatch, fmt):
     """Where PyTorch has no oneDNN, and the CPU neither AVX-512 BF16 nor AVX2, the products are the
     plain ones (PyTorch's int4 kernel for q4_1), in C++ as in Python."""
-    monkeypatch.setattr("core.gemm.prepacking_available", lambda dtype=None: False)
-    monkeypatch.setattr("core.gemm.q4_kernel", lambda: None)
-    monkeypatch.setattr("core.gemm.f32_kernel", lambda: None)
-    assert make_tiny_engine(weight_format=fmt).model.layers[0].mlp.down_proj.kernel.product is Product.PLAIN
+    monkeypatch.setattr("core.model.linear.prepacking_available", lambda dtype=None: False)
+    monkeypatch.setattr("core.model.linear.q4_kernel", lambda: None)
+    monkeypatch.setattr("core.model.linear.f32_kernel", lambda: None)
+    assert make_tiny_engine(weight_format=fmt).view.model.layers[0].mlp.down_proj.kernel.product is Product.PLAIN
     assert_bit_identical(python_and_native(make_tiny_engine, fmt))
 
 
 def test_cpp_and_python_give_the_same_bits_on_onednn(make_tiny_engine, monkeypatch):
     """Where the CPU lacks AVX2 and FMA, fp32 multiplies on oneDNN's prepacked weights, rows padded
     to two, in C++ as in Python."""
-    monkeypatch.setattr("core.gemm.f32_kernel", lambda: None)
-    assert make_tiny_engine(weight_format="fp32").model.layers[0].mlp.down_proj.kernel.product is Product.ONEDNN
+    monkeypatch.setattr("core.model.linear.f32_kernel", lambda: None)
+    assert make_tiny_engine(weight_format="fp32").view.model.layers[0].mlp.down_proj.kernel.product is Product.ONEDNN
     assert_bit_identical(python_and_native(make_tiny_engine, "fp32"))
 
 
@@ -77,7 +78,7 @@ def test_a_model_with_experts_stays_in_python(tiny_loaded):
     from test_moe import moe_of
 
     model = moe_of(tiny_loaded)
-    assert model.config.num_experts and native.native_decoder(model) is None
+    assert model.config.num_experts and native_decoder.native_decoder(model) is None
 
 
 def test_without_a_build_the_engine_runs_python_and_says_so(make_tiny_engine, monkeypatch, caplog):
@@ -86,15 +87,15 @@ def test_without_a_build_the_engine_runs_python_and_says_so(make_tiny_engine, mo
 
     from torch.utils import cpp_extension
     monkeypatch.setattr(cpp_extension, "load", fail)
-    native.extension.cache_clear()
+    loader.extension.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="core.native"):
+        with caplog.at_level(logging.WARNING, logger="core.kernels.loader"):
             engine = make_tiny_engine()
-        assert engine.model.native is None
+        assert engine.view.model.native is None
         assert "could not be built" in caplog.text and "no compiler here" in caplog.text
         seq = engine.add_request("Hello", None)
         while engine.has_unfinished_requests():
             engine.step()
         assert seq.num_output_tokens > 0
     finally:
-        native.extension.cache_clear()  # the next engine loads the real build again
+        loader.extension.cache_clear()  # the next engine loads the real build again

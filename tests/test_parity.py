@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core import SamplingParams
-from core.model import Transformer
+from core.model.model import Transformer
 
 pytestmark = pytest.mark.real_model
 
@@ -41,7 +41,7 @@ def paged_logits(engine, ids: list[int]) -> torch.Tensor:
     try:
         step = engine.runner.prepare([(seq, len(ids))])
         with torch.inference_mode():
-            return engine.model.logits(engine.model(step.input_ids, step.positions, step.batch))
+            return engine.view.model.logits(engine.view.model(step.input_ids, step.positions, step.batch))
     finally:
         engine.block_manager.free_blocks(seq)
 
@@ -98,7 +98,7 @@ def test_engine_logits_match_transformers(engine_llm, reference_logits):
     assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
     if fmt == "fp32":
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
-    assert engine.kv_stats()["free_blocks"] == engine.kv_stats()["total_blocks"]
+    assert engine.view.kv_stats()["free_blocks"] == engine.view.kv_stats()["total_blocks"]
 
 
 def margin(logits: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""core/pipeline.py: the layers in stages across real processes, microbatches sent stage to stage.
+"""core/parallel/pipeline.py: the layers in stages across real processes, microbatches sent stage to stage.
 The output is bit-equal to the unsharded model run here; the timeline is read on one clock
 across processes (a stage never starts a microbatch before the stage before has finished it);
 the bubble formula is checked on an ideal schedule built here."""
@@ -8,9 +8,9 @@ import torch
 
 from conftest import alive
 from core.errors import InvalidParameter
-from core.model import Transformer
-from core.pipeline import Kind, PPSettings, bubble_formula, bubble_measured, check_batch, pp_worker, stage_ranges
-from core.workers import WorkerGroup
+from core.model.model import Transformer
+from core.parallel.pipeline import Kind, PPSettings, bubble_formula, bubble_measured, check_batch, pp_worker, stage_ranges
+from core.parallel.workers import WorkerGroup
 
 
 def test_stages_are_contiguous_near_equal_layer_ranges():
@@ -75,7 +75,7 @@ def test_pipeline_output_is_bit_equal_to_one_process(smol, stages):
 
 @pytest.mark.parametrize("torchrun", [False, True])
 def test_the_check_command_runs_here_and_under_torchrun(torchrun):
-    """`python -m core.pipeline --check` (the README's command), with its own stage processes and
+    """`python -m core.parallel.pipeline --check` (the README's command), with its own stage processes and
     as torchrun's ranks (env:// rendezvous: the path that spans machines, no shared clock)."""
     import os
     import subprocess
@@ -83,9 +83,9 @@ def test_the_check_command_runs_here_and_under_torchrun(torchrun):
 
     if torchrun:
         cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc-per-node", "2",
-               "-m", "core.pipeline", "--check", "--model", "tiny", "--microbatches", "3", "--tokens", "8"]
+               "-m", "core.parallel.pipeline", "--check", "--model", "tiny", "--microbatches", "3", "--tokens", "8"]
     else:
-        cmd = [sys.executable, "-m", "core.pipeline", "--check", "--model", "tiny", "--stages", "2",
+        cmd = [sys.executable, "-m", "core.parallel.pipeline", "--check", "--model", "tiny", "--stages", "2",
                "--microbatches", "3", "--tokens", "8"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

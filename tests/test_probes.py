@@ -1,10 +1,10 @@
-"""core/probes.py: hooks see what the forward pass computes, and change nothing."""
+"""core/inspect/probes.py: hooks see what the forward pass computes, and change nothing."""
 
 import pytest
 import torch
 
-from core import probes
-from core.model import Transformer
+from core.inspect import probes
+from core.model.model import Transformer
 
 
 @pytest.fixture(scope="module")

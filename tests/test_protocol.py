@@ -15,7 +15,7 @@ import pytest
 
 from conftest import TIMEOUT, WS, Client, Stream, healthz, wait_for
 from core import LLM
-from core.sampling_params import SamplingParams
+from core.engine.sampling_params import SamplingParams
 
 KINDS = {"content", "wrapper", "inserted", "generation_prompt", "special"}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -115,7 +115,7 @@ def job_type(monkeypatch):
         def work(engine):
             if control["work"] is not None:
                 return control["work"](engine)
-            return {"n": n, "steps": engine.num_steps}
+            return {"n": n, "steps": engine.view.num_steps}
         call.job({"n": n, "nonce": id(control), "custom": control["work"] is not None}, work)
 
     monkeypatch.setitem(MESSAGE_TYPES, "test_job", message("test_job", {"n"}, handle, job=True))
@@ -609,7 +609,7 @@ def test_overloaded_connections_then_closed(live_server, connect):
 def test_two_clients_share_engine_steps(live_server, ws, connect):
     other = connect()
     engine = live_server.runtime.engine
-    first_step = engine.num_steps
+    first_step = engine.view.num_steps
     with engine_paused(live_server):
         a = ws.start(messages=QUESTION, max_tokens=8)
         ws.accepted(a)
@@ -625,7 +625,7 @@ def test_two_clients_share_engine_steps(live_server, ws, connect):
         if st["step"] in shared_a:
             assert st["batch_tokens"] > st["num_tokens"]
 
-    rows = [r for r in list(engine.trace) if r.step >= first_step]
+    rows = [r for r in list(engine.view.trace) if r.step >= first_step]
     requests = {w.request_id for r in rows for w in r.slots if w is not None}
     assert len(requests) == 2, "only these two requests ran"
     together = [r for r in rows
@@ -636,7 +636,7 @@ def test_two_clients_share_engine_steps(live_server, ws, connect):
 
 def test_closing_the_socket_aborts_its_requests(live_server, connect, slow_engine):
     engine = live_server.runtime.engine
-    first_step = engine.num_steps
+    first_step = engine.view.num_steps
     c = connect()
     mids = [c.start(prompt="Once upon a time", max_tokens=64),
             c.start(messages=QUESTION, max_tokens=64)]
@@ -646,7 +646,7 @@ def test_closing_the_socket_aborts_its_requests(live_server, connect, slow_engin
     assert healthz(live_server)["running"] == 2
     c.close()
     all_blocks_free(live_server)
-    rows = [r for r in list(engine.trace) if r.step >= first_step]
+    rows = [r for r in list(engine.view.trace) if r.step >= first_step]
     produced = {}
     for r in rows:
         for w in r.slots:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core import SamplingParams
-from core.sampler import Sampler, filter_logits
+from core.model.sampler import Sampler, filter_logits
 
 
 def one_row(logits):

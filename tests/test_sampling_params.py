@@ -3,7 +3,7 @@
 import pytest
 
 from core import InvalidParameter, SamplingParams
-from core.sampling_params import MAX_TOP_CANDIDATES
+from core.engine.sampling_params import MAX_TOP_CANDIDATES
 
 
 def test_defaults():

@@ -7,11 +7,11 @@ computed, full blocks are published, a sequence whose tokens are all computed ge
 
 import pytest
 
-from core.block_manager import BlockManager
 from core.config import EngineConfig
-from core.sampling_params import SamplingParams
-from core.scheduler import Scheduler
-from core.sequence import Sequence, SequenceStatus
+from core.engine.block_manager import BlockManager
+from core.engine.sampling_params import SamplingParams
+from core.engine.scheduler import Scheduler
+from core.engine.sequence import Sequence, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, **settings) -> Scheduler:

@@ -1,4 +1,4 @@
-"""core/tensor_parallel.py: the model split by heads and MLP columns across real processes gives
+"""core/parallel/tensor_parallel.py: the model split by heads and MLP columns across real processes gives
 one process's logits (within 1e-4) and greedy tokens. The reference is computed here, in the
 test's own process, with the unsharded model; the workers are checked gone afterwards."""
 
@@ -8,10 +8,10 @@ import torch
 from conftest import alive
 from core.config import ModelConfig
 from core.errors import InvalidParameter
-from core.model import Transformer
-from core.tensor_parallel import (Kind, TPSettings, check_degree, head_range, mlp_range, shard_plan, tp_worker,
+from core.model.model import Transformer
+from core.parallel.tensor_parallel import (Kind, TPSettings, check_degree, head_range, mlp_range, shard_plan, tp_worker,
                                   valid_degrees)
-from core.workers import WorkerGroup
+from core.parallel.workers import WorkerGroup
 
 SMOL = ModelConfig(name="smollm2-135m")          # the defaults are SmolLM2-135M's shape
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
@@ -110,7 +110,7 @@ def test_tiny_model_split_with_kv_heads_copied(tiny_loaded):
 
 @pytest.mark.parametrize("torchrun", [False, True])
 def test_the_check_command_runs_here_and_under_torchrun(torchrun):
-    """`python -m core.tensor_parallel --check` (the README's command), with its own worker
+    """`python -m core.parallel.tensor_parallel --check` (the README's command), with its own worker
     processes and as torchrun's ranks (env:// rendezvous: the path that spans machines)."""
     import os
     import subprocess
@@ -118,9 +118,9 @@ def test_the_check_command_runs_here_and_under_torchrun(torchrun):
 
     if torchrun:
         cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc-per-node", "2",
-               "-m", "core.tensor_parallel", "--check", "--model", "tiny"]
+               "-m", "core.parallel.tensor_parallel", "--check", "--model", "tiny"]
     else:
-        cmd = [sys.executable, "-m", "core.tensor_parallel", "--check", "--model", "tiny", "--degree", "2"]
+        cmd = [sys.executable, "-m", "core.parallel.tensor_parallel", "--check", "--model", "tiny", "--degree", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stdout + out.stderr

@@ -3,7 +3,7 @@ labels for every token (the tiny model shares SmolLM2's tokenizer, so most tests
 
 import pytest
 
-from core.tokenizer import TokenKind
+from core.model.tokenizer import TokenKind
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core import InvalidParameter
-from core.model import Transformer
+from core.model.model import Transformer
 from toy_models import DEFAULT_MODEL, MODELS, default_cache_dir, load_model
 from toy_models import gguf_loader
 from toy_models.registry import TINY_CONFIG, random_weights

@@ -1,4 +1,4 @@
-"""core/workers.py: worker processes in a gloo group, bounded, timed and never left behind."""
+"""core/parallel/workers.py: worker processes in a gloo group, bounded, timed and never left behind."""
 
 import os
 import signal
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from conftest import alive
 from core.errors import InvalidParameter
-from core.workers import ProcessBudget, WorkerError, WorkerGroup, WorkerTimeout, start_in_slices, wait_in_slices
+from core.parallel.workers import ProcessBudget, WorkerError, WorkerGroup, WorkerTimeout, start_in_slices, wait_in_slices
 
 
 def add_ranks(rank, world_size, offset):
@@ -173,7 +173,7 @@ def test_workers_die_with_a_killed_parent():
         import sys, time
         sys.path.insert(0, {here!r})
         from test_workers import sleep_long
-        from core.workers import WorkerGroup
+        from core.parallel.workers import WorkerGroup
         g = WorkerGroup(sleep_long, 2, (60,), timeout_s=60)
         g.start()
         print(" ".join(map(str, g.pids)), flush=True)

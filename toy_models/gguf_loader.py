@@ -77,7 +77,7 @@ def read_config(reader, name: str) -> ModelConfig:
 
 
 def read_weights(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """All tensors dequantized to fp32, under our module names (see core/model.py)."""
+    """All tensors dequantized to fp32, under our module names (see core/model/model.py)."""
     from gguf.quants import dequantize
 
     raw = {t.name: torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))

@@ -5,7 +5,7 @@ Layers are Mixtures of Experts").
 Nothing here is trained but the routers. Each layer's 1,536 hidden units are reordered so that
 the units of expert e sit at positions e*96 ... e*96+95 (which units go together was found by
 clustering their activations on text), and the dense weights are cut along that order into the
-experts' own matrices (core/moe.py's Experts). With all 16 experts every unit runs, and the layer
+experts' own matrices (core/model/moe.py's Experts). With all 16 experts every unit runs, and the layer
 is the dense MLP again; the router chooses which 2 run for each token.
 
 The shipped files in toy_models/data/ are small and remade by `python -m toy_models.train_router`:

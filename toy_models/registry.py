@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from core.config import ModelConfig
-from core.tokenizer import Tokenizer
+from core.model.tokenizer import Tokenizer
 
 from . import gguf_loader
 
@@ -48,7 +48,7 @@ TINY_CONFIG = ModelConfig(
 
 def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded random weights under our module names (norm weights 1, the rest normal)."""
-    from core.model import Transformer
+    from core.model.model import Transformer
 
     g = torch.Generator().manual_seed(seed)
     shapes = {k: v.shape for k, v in Transformer(cfg).state_dict().items()}

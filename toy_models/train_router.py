@@ -37,8 +37,8 @@ from datetime import datetime, timezone
 import torch
 import torch.nn.functional as F
 
-from core.model import Transformer
-from core.moe import MoEMLP
+from core.model.model import Transformer
+from core.model.moe import MoEMLP
 
 from .moe import DATA, NAME, NUM_EXPERTS, TOP_K, RouterFiles, derive, expert_weights, moe_config, write_files
 
@@ -182,7 +182,7 @@ def nll(model: Transformer, pieces) -> list[float]:
 
 def build(s: Settings, log=print) -> tuple[list, list, dict]:
     """Every step above: -> (units per layer, router per layer, the perplexity table)."""
-    from core.models import load
+    from core.registry import load
 
     t0 = time.perf_counter()
     dense = load("smollm2-135m")

@@ -7,7 +7,7 @@ Messages (jobs, cached by their inputs):
 - `attention_row` {text, layer, head, query} -> one query token's full row (never binned): what
   the widget draws as bars when a reader clicks a token.
 
-The weights are the model's own: core/probes.slices runs the text through the blocks up to
+The weights are the model's own: core/inspect/probes.slices runs the text through the blocks up to
 `layer`, computing each block's softmax(q k^T / sqrt(D)) with the causal mask by the engine's
 own `attend`, a few query rows per slice (Vaswani et al., 2017; grouped-query attention, where query
 head h reads KV head h // (H / Hkv), as in Ainslie et al., 2023). The pass stops after that layer.
@@ -25,8 +25,8 @@ from collections import OrderedDict
 
 import torch
 
-from core import probes
 from core.errors import InvalidParameter, is_int
+from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, message, required, text
@@ -97,11 +97,11 @@ def weight_cache(model) -> WeightCache:
 def layer_weights(engine, ids: list[int], layer: int):
     """A generator of slices (Progress or None) returning the layer's weights (H, T, T)."""
     key = (tuple(ids), layer)
-    cache = weight_cache(engine.reference_model)
+    cache = weight_cache(engine.view.reference_model)
     weights = cache.get(key)
     if weights is not None:
         return weights
-    for item in probes.slices(engine.reference_model, ids, attention={layer}):
+    for item in probes.slices(engine.view.reference_model, ids, attention={layer}):
         if item is None:
             yield None
             continue

@@ -22,9 +22,9 @@ import time
 
 import torch
 
+from core.engine.sampling_params import SamplingParams
+from core.engine.trace import StepKind
 from core.errors import InvalidParameter, is_int
-from core.sampling_params import SamplingParams
-from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, integer, message
@@ -91,7 +91,7 @@ def compare(engine, prompts: list[list[int]], outputs: list[int], slots: int):
 
 def run_mode(engine, mode: str, prompts, outputs, slots: int, total: int, done: int):
     """The workload on a fresh sibling engine with `mode` scheduling, one step per slice."""
-    bs = engine.config.block_size
+    bs = engine.view.config.block_size
     blocks = sum(-(-(len(p) + n) // bs) for p, n in zip(prompts, outputs)) + 2   # room for all: no preemption
     exp = engine.sibling(scheduling=mode, max_num_seqs=slots, num_kv_blocks=blocks,
                          max_num_batched_tokens=STEP_TOKENS, enable_prefix_caching=False,
@@ -104,13 +104,13 @@ def run_mode(engine, mode: str, prompts, outputs, slots: int, total: int, done: 
         for out in exp.step():
             if out.finished:
                 finished[out.request_id] = out
-        yield Progress(min(done + exp.num_steps, total), total, f"{mode} batching: step {exp.num_steps}")
+        yield Progress(min(done + exp.view.num_steps, total), total, f"{mode} batching: step {exp.view.num_steps}")
     return summarize(exp, ids, index, finished, slots)
 
 
 def summarize(exp, ids, index, finished, slots: int) -> dict:
     rows, clock, done_at = [], 0.0, {}
-    for t in exp.trace:
+    for t in exp.view.trace:
         clock += t.duration_s
         cells = [cell(s, index) for s in t.slots] + [None] * (slots - len(t.slots))
         rows.append({"step": t.step, "ms": round(1000 * t.duration_s, 3), "cells": cells})

@@ -5,7 +5,7 @@ residual-stream view of Elhage et al., 2021, "A Mathematical Framework for Trans
 
     x = x + Attention(RMSNorm(x));  x = x + SwiGLU_MLP(RMSNorm(x))
 
-Message: `layers` {text} -> a job that runs the probe pass (core/probes.py) one slice at a time,
+Message: `layers` {text} -> a job that runs the probe pass (core/inspect/probes.py) one slice at a time,
 with Progress per layer, and answers for every layer and every token: the L2 norm of the residual
 stream after the block, the sizes of the two updates, and the entropy of the token's attention row
 (mean over heads; plus each head's entropy averaged over tokens). `embedding_norm` is the residual
@@ -14,7 +14,7 @@ stream before the first block.
 
 import torch
 
-from core import probes
+from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, message, rounded, text
@@ -30,7 +30,7 @@ def layers(call) -> None:
 
 
 def layers_job(engine, ids: list[int]):
-    model = engine.reference_model
+    model = engine.view.reference_model
     L = model.config.num_layers
     residual, attn_update, mlp_update, entropy, head_entropy = [], [], [], [], []
     for item in probes.slices(model, ids):
@@ -48,7 +48,7 @@ def layers_job(engine, ids: list[int]):
         embedding = model.embed_tokens(torch.tensor(ids, dtype=torch.long)).norm(dim=-1)  # (T,)
     mean_entropy = torch.stack(entropy).mean(dim=1)        # (L,)
     return {
-        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.tokenizer.token_texts(ids))],
+        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.view.tokenizer.token_texts(ids))],
         "num_layers": L,
         "embedding_norm": rounded(embedding),
         "residual_norm": rounded(torch.stack(residual)),           # (L, T)

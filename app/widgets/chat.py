@@ -6,10 +6,10 @@ request's timeline of engine steps); `template` {messages} -> the chat template'
 labelled with where it came from. The stepper of section 7 (`generation`) reuses `chat_prompt`.
 """
 
+from core.engine.outputs import RequestOutput
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter, is_int
-from core.outputs import RequestOutput
-from core.sampling_params import SamplingParams
-from core.tokenizer import validate_messages
+from core.model.tokenizer import validate_messages
 
 from .base import Widget, message
 from .tokenizer import pieces

@@ -24,8 +24,8 @@ Message: `chunked-prefill` {decoders, prompt_tokens, budget, run} -> a job (cach
 step, by design: that step is the stall being shown, so prompt_tokens is capped at MAX_PROMPT.
 """
 
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
-from core.sampling_params import SamplingParams
 
 from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
@@ -84,24 +84,24 @@ def chunked_prefill_job(engine, decoders: int, prompt_tokens: int, budget: int, 
 
 def run_scenario(engine, decoders: int, prompt_tokens: int, step_budget: int, chunked: bool):
     """One run, one engine step per `next()`; returns its decoders' ITLs and its step trace."""
-    block = engine.config.block_size
+    block = engine.view.config.block_size
     tokens_each = DECODER_PROMPT + WARM_STEPS + AFTER_STEPS + prompt_tokens + 8   # room to decode throughout
     blocks = decoders * -(-tokens_each // block) + -(-(prompt_tokens + 2) // block) + 2
     exp = engine.sibling(num_kv_blocks=blocks, max_num_seqs=decoders + 1, max_num_batched_tokens=step_budget,
                          enable_chunked_prefill=chunked, enable_prefix_caching=False,
                          chunk_context_tokens=0)   # the textbook budget in tokens (the server also weighs context)
     params = SamplingParams(temperature=0.0, max_tokens=tokens_each - DECODER_PROMPT, ignore_eos=True)
-    warm = exp.add_request(prompt_ids(exp.tokenizer, 4), SamplingParams(temperature=0.0, max_tokens=2))
+    warm = exp.add_request(prompt_ids(exp.view.tokenizer, 4), SamplingParams(temperature=0.0, max_tokens=2))
     while not warm.is_finished:              # first calls pay setup: not part of the measurement
         exp.step()
     yield
-    seqs = [exp.add_request((exp.tokenizer.encode(DECODER_TEXTS[i]) * DECODER_PROMPT)[:DECODER_PROMPT], params)
+    seqs = [exp.add_request((exp.view.tokenizer.encode(DECODER_TEXTS[i]) * DECODER_PROMPT)[:DECODER_PROMPT], params)
             for i in range(decoders)]
     while min(len(s.metrics.token_times) for s in seqs) < WARM_STEPS + 1:
         exp.step()
         yield
-    first_step = exp.num_steps
-    long = exp.add_request(prompt_ids(exp.tokenizer, prompt_tokens), SamplingParams(temperature=0.0, max_tokens=1))
+    first_step = exp.view.num_steps
+    long = exp.add_request(prompt_ids(exp.view.tokenizer, prompt_tokens), SamplingParams(temperature=0.0, max_tokens=1))
     arrival = long.metrics.arrival_time
     while not long.is_finished:
         if not chunked and long.num_computed_tokens == 0:
@@ -123,9 +123,9 @@ def scenario_result(exp, seqs, long, arrival: float, first_step: int, step_budge
     for s in seqs:
         t = s.metrics.token_times
         decoders.append([{"t_ms": ms(b - arrival), "itl_ms": ms(b - a)} for a, b in zip(t, t[1:])])
-    steps = [{"step": st.step, "t_ms": ms(st.start_s + exp.start_time - arrival), "ms": ms(st.duration_s),
+    steps = [{"step": st.step, "t_ms": ms(st.start_s + exp.view.start_time - arrival), "ms": ms(st.duration_s),
               "prefill_tokens": st.num_prefill_tokens, "decode_tokens": st.num_decode_tokens}
-             for st in exp.trace if st.step >= first_step]
+             for st in exp.view.trace if st.step >= first_step]
     return {"chunked": chunked, "step_budget": step_budget, "decoders": decoders, "steps": steps,
             "decoder_prompts": [s.token_ids[:s.num_prompt_tokens] for s in seqs],
             "decoder_tokens": [s.output_token_ids for s in seqs],       # greedy: the same in both runs

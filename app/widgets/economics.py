@@ -1,7 +1,7 @@
 """Widget `economics` (section 22): why a giant mixture of experts is cheap at scale and dear for
 one user. A dense model and a DeepSeek-V3-like MoE, priced per million output tokens against the
 number of concurrent users, on hardware figures the reader edits (defaults: an H100 SXM-like GPU,
-assumed). The cost model is core/lab/economics.py (a roofline per decode step); this module turns
+assumed). The cost model is app/lab/economics.py (a roofline per decode step); this module turns
 the KV-memory widget's presets (app/widgets/kv_memory.py, from each model's public config.json)
 into its model shapes, checks the reader's inputs, and runs the curves as a job.
 
@@ -20,8 +20,8 @@ weights + KV at `context` x `batch` for every preset.
 
 from dataclasses import asdict
 
+from app.lab import economics as econ
 from core.errors import InvalidParameter
-from core.lab import economics as econ
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number

@@ -48,7 +48,7 @@ def chosen_token(call) -> tuple[int, list[dict] | None]:
 def neighbours_work(token_id: int, k: int):
     """The job: the row, then cosines against the table in chunks of rows, then the top k."""
     def work(engine):
-        table = engine.model.embed_tokens.weight.detach()  # (V, C): one row per token
+        table = engine.view.model.embed_tokens.weight.detach()  # (V, C): one row per token
         row = table[token_id]                                # (C,): the lookup is this index
         row_norm = row.norm()
         cosines = torch.empty(table.shape[0], dtype=table.dtype)  # (V,)
@@ -60,7 +60,7 @@ def neighbours_work(token_id: int, k: int):
             yield progress(start + chunk.shape[0], total)
         cosines[token_id] = float("-inf")                           # the token itself is not its neighbour
         values, ids = cosines.topk(k)                               # (k,), (k,)
-        tokenizer = engine.tokenizer
+        tokenizer = engine.view.tokenizer
         return {
             "token_id": token_id,
             "token": lone_piece(tokenizer, token_id),

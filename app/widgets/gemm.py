@@ -10,7 +10,7 @@ the intensity of an (R, K) @ (K, N) product is 2RKN FLOPs over the bytes it move
 plus the activations). The knee is the row count where the intensity reaches the machine balance
 (peak / bandwidth): below it a row is almost free, above it each row costs its arithmetic.
 
-The products run through core/gemm.py's kernels, the engine's own: PackedLinear in fp32, bf16
+The products run through core/model/linear.py's kernels, the engine's own: PackedLinear in fp32, bf16
 and q4_1 (the 4-bit format the server serves; in q4_1 the LM head is PackedQ8_0, the file's
 8-bit embedding, as the engine runs it), on weights of each layer's shape
 (values do not change the time). The job times one shape at one row count per slice (a warm-up
@@ -29,7 +29,7 @@ import torch
 
 from core.config import WeightFormat
 from core.errors import InvalidParameter, is_int
-from core.gemm import PackedLinear, PackedQ8_0
+from core.model.linear import PackedLinear, PackedQ8_0
 
 from ..jobs import EXCLUSIVE, Progress
 from .base import Widget, integer, message
@@ -73,7 +73,7 @@ def gemm(call) -> None:
 
 
 def gemm_job(engine, format: str, max_rows: int, run: int):
-    shapes = layer_shapes(engine.model_config)
+    shapes = layer_shapes(engine.view.model_config)
     rows = [r for r in ROWS if r <= max_rows]
     total = len(shapes) * len(rows) + 2 * TRIES
     done = 0

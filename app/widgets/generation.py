@@ -18,9 +18,9 @@ Sampling is the engine's: step n (n = len(tokens)) draws with seed `seed + n`, s
 afresh and replaying the same steps with the same seed picks the same tokens.
 """
 
+from core.engine.outputs import RequestOutput
+from core.engine.sampling_params import MAX_SEED, MAX_TOP_CANDIDATES, SamplingParams
 from core.errors import InvalidParameter, is_int
-from core.outputs import RequestOutput
-from core.sampling_params import MAX_SEED, MAX_TOP_CANDIDATES, SamplingParams
 
 from .base import Widget, integer, message
 from .chat import chat_prompt

@@ -22,8 +22,8 @@ layers (from the engine's step records), the totals, the speedup and the machine
 
 import itertools
 
+from core.engine.trace import StepKind
 from core.errors import InvalidParameter
-from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, encode, integer, message, text
@@ -50,7 +50,7 @@ def kv_cache(call) -> None:
 
 def compare_job(engine, ids: list[int], max_tokens: int, run: int):
     P, N = len(ids), max_tokens
-    block = engine.config.block_size
+    block = engine.view.config.block_size
     exp = engine.sibling(num_kv_blocks=-(-(P + N + 1) // block) + 1, max_num_seqs=1,
                          max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True)
@@ -77,7 +77,7 @@ def compare_job(engine, ids: list[int], max_tokens: int, run: int):
                                        step_note(f"without the cache: step {i + 1} of {N}"))
         generated.append(out.token_ids[0])
         without_cache.append(step_work(out.metrics.steps))
-    return summary(exp.tokenizer, ids, list(cached.token_ids), generated, with_cache, without_cache, run)
+    return summary(exp.view.tokenizer, ids, list(cached.token_ids), generated, with_cache, without_cache, run)
 
 
 def step_work(steps) -> dict:

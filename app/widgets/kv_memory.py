@@ -43,9 +43,9 @@ def kv_pool(call) -> None:
 
 
 def kv_pool_job(engine) -> dict:
-    """One slice on the loop thread: engine.cache's tensors and kv_stats(), never the scheduler."""
-    kv = engine.kv_stats()
-    cache = engine.cache
+    """One slice on the loop thread: engine.view.cache's tensors and kv_stats(), never the scheduler."""
+    kv = engine.view.kv_stats()
+    cache = engine.view.cache
     tensors = {name: getattr(cache, name) for name in ("k", "v") if hasattr(cache, name)}
     slots = kv["total_blocks"] * kv["block_size"]
     total = int(cache.nbytes)
@@ -62,9 +62,9 @@ def kv_pool_job(engine) -> dict:
         "token_slots": slots,
         "live_pool_bytes_per_token": total / slots,
         "engine_bytes_per_token": kv["bytes_per_token"],
-        "num_layers": engine.model_config.num_layers,
-        "num_kv_heads": engine.model_config.num_kv_heads,
-        "head_dim": engine.model_config.head_dim,
+        "num_layers": engine.view.model_config.num_layers,
+        "num_kv_heads": engine.view.model_config.num_kv_heads,
+        "head_dim": engine.view.model_config.head_dim,
     }
 
 

@@ -10,13 +10,13 @@ weights, and no perplexity table. The MoE model runs in fp32 whatever the servin
 
 Messages:
 - `moe` {texts, top_k} -> a job: the reader's batch of texts through the MoE model with top_k
-  experts per token (core/probes.py runs its blocks in short slices; forward hooks on the routers
+  experts per token (core/inspect/probes.py runs its blocks in short slices; forward hooks on the routers
   record their logits). Reply, per layer: the experts of the first 12 tokens of the batch and
   their router probabilities, each expert's load over the whole batch, and how global batches of
-  1, 2, 4 ... of these tokens split into per-expert batches (core/moe.py's batch_split); and the
+  1, 2, 4 ... of these tokens split into per-expert batches (core/model/moe.py's batch_split); and the
   perplexity table stored with the routers (dense against top-k on held-out text).
 - `moe-parallel` {texts, top_k, layer, workers, run} -> a job: the batch's MLP inputs at `layer`
-  through that layer with its experts split across `workers` processes (core/expert_parallel.py;
+  through that layer with its experts split across `workers` processes (core/parallel/expert_parallel.py;
   started through the job runner within max_worker_processes, killed after worker_timeout_s,
   always closed), compared with the layer in this process, the all-to-all exchange timed. `run`
   is the reader's "measure again" counter.
@@ -27,11 +27,12 @@ import weakref
 
 import torch
 
-from core import expert_parallel, probes
 from core.errors import InvalidParameter, is_int
-from core.model import Transformer
-from core.moe import batch_split, route
-from core.workers import start_in_slices, wait_in_slices
+from core.inspect import probes
+from core.model.model import Transformer
+from core.model.moe import batch_split, route
+from core.parallel import expert_parallel
+from core.parallel.workers import start_in_slices, wait_in_slices
 from toy_models import moe as moe_files
 
 from ..jobs import Progress
@@ -77,9 +78,9 @@ def moe_model(engine):
     """Slices until the MoE variant of the serving engine's model is ready; returns it. Jobs run
     on the engine loop's one thread, so a derivation begun by one job is carried on by the next;
     kept per model (two apps in a process, e.g. tests, never share one, nor keep an old model alive)."""
-    state = _DERIVED.get(engine.model)
+    state = _DERIVED.get(engine.view.model)
     if state is None:
-        state = _DERIVED[engine.model] = _Derivation()
+        state = _DERIVED[engine.view.model] = _Derivation()
     while state.value is None:
         if state.gen is None:
             state.gen = derive(engine)
@@ -91,12 +92,12 @@ def moe_model(engine):
         except BaseException:
             state.gen = None
             raise
-        yield Progress(layer + 1, engine.model_config.num_layers, "cutting each MLP into experts (once)")
+        yield Progress(layer + 1, engine.view.model_config.num_layers, "cutting each MLP into experts (once)")
     return state.value
 
 
 def derive(engine):
-    cfg, sd = engine.model_config, engine.model.state_dict()
+    cfg, sd = engine.view.model_config, engine.view.model.state_dict()
     if cfg.num_experts:                        # the server runs the MoE model itself
         shipped = moe_files.read_files().table
         return MoEModel(cfg, sd, shipped if cfg.name == moe_files.NAME else None, "served")
@@ -185,7 +186,7 @@ def route_job(engine, texts: list[list[int]], k: int):
                        "first_probs": rounded(scores[:SHOWN_TOKENS].softmax(-1).gather(1, first), 4),
                        "split": {key: v if key == "sizes" else rounded(v, 4)
                                  for key, v in batch_split(chosen, E, sizes, DRAWS).items()}})
-    shown = token_list(engine.tokenizer, everything[:SHOWN_TOKENS])
+    shown = token_list(engine.view.tokenizer, everything[:SHOWN_TOKENS])
     owner = [n for n, ids in enumerate(texts) for _ in ids][:SHOWN_TOKENS]
     table = moe.table
     return {"model": cfg.name, "routers": moe.routers, "experts": E, "top_k": k, "expert_size": cfg.expert_size,

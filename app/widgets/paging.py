@@ -39,9 +39,9 @@ def snapshot(engine, window: int, mine: frozenset = frozenset()) -> dict:
     """The pool and every running request's block table, read through the engine's snapshot
     methods (block_tables, kv_stats, kv_pool_map) and summed up; `mine`: the asking reader's
     engine request ids, marked `yours`."""
-    kv = engine.kv_stats()
-    tables = engine.block_tables()
-    pool = engine.kv_pool_map()
+    kv = engine.view.kv_stats()
+    tables = engine.view.block_tables()
+    pool = engine.view.kv_pool_map()
     return {"time": time.time(), "context_window": window, **summarize(kv, tables, pool, window, mine)}
 
 

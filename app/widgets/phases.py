@@ -31,9 +31,9 @@ import time
 
 import torch
 
+from core.engine.sampling_params import SamplingParams
+from core.engine.trace import StepKind
 from core.errors import InvalidParameter, is_int
-from core.sampling_params import SamplingParams
-from core.trace import StepKind
 
 from ..jobs import Progress
 from .base import Widget, integer, message
@@ -87,12 +87,12 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
     lengths = [n for n in PROMPT_LENGTHS if n <= max_prompt]
     prefill_slices = PREFILL_TRIES * sum(-(-n // CHUNK_TOKENS) for n in lengths)
     total = 1 + prefill_slices + decode_tokens + 2 * TRIES
-    block = engine.config.block_size
+    block = engine.view.config.block_size
     exp = engine.sibling(num_kv_blocks=-(-(max_prompt + decode_tokens + 1) // block) + 1, max_num_seqs=1,
                          max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True, chunk_context_tokens=0)   # CHUNK_TOKENS every step
     yield Progress(0, total, "a fresh engine beside the serving one")
-    for _ in run_request(exp, prompt_ids(exp.tokenizer, 16), 1):   # warm-up: first calls pay setup
+    for _ in run_request(exp, prompt_ids(exp.view.tokenizer, 16), 1):   # warm-up: first calls pay setup
         yield None
     count = itertools.count(2)
 
@@ -103,7 +103,7 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
         tries = []
         for i in range(PREFILL_TRIES):       # the last try of the longest prompt goes on to decode
             max_tokens = decode_tokens + 1 if last and i == PREFILL_TRIES - 1 else 1
-            out = yield from with_progress(run_request(exp, prompt_ids(exp.tokenizer, n), max_tokens),
+            out = yield from with_progress(run_request(exp, prompt_ids(exp.view.tokenizer, n), max_tokens),
                                            lambda: Progress(min(next(count), total), total, note))
             tries.append(prefill_row(out, n))
         prefill.append(min(tries, key=lambda t: t["ms"]))
@@ -187,9 +187,9 @@ def ms(seconds: float) -> float:
 
 def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float, max_prompt: int,
             decode_tokens: int, run: int) -> dict:
-    mc = engine.model_config
-    num_params = sum(p.numel() for p in engine.model.parameters())
-    weight_bytes = engine.model.decode_weight_bytes()     # in the format the engine multiplies
+    mc = engine.view.model_config
+    num_params = sum(p.numel() for p in engine.view.model.parameters())
+    weight_bytes = engine.view.model.decode_weight_bytes()     # in the format the engine multiplies
     # The weight matmuls: 2 FLOPs per weight per token, less the embedding table (a lookup, and
     # the tied output head runs only for the one sampled position). Attention adds ~4 T C a layer.
     flops_per_token = 2 * (num_params - mc.vocab_size * mc.hidden_size)
@@ -201,7 +201,7 @@ def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float
         "prefill_tokens_per_s": longest["prompt_tokens"] / (longest["ms"] / 1000.0),
         "decode_step_ms": statistics.median(decode_ms),
         "memory_bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flop_s / 1e9,
-        "num_params": num_params, "weight_format": engine.config.weight_format.value,
+        "num_params": num_params, "weight_format": engine.view.config.weight_format.value,
         "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
         # the roofline's bounds for this model on this machine
         "decode_floor_ms": weight_bytes / bandwidth * 1000.0,

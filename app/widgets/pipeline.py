@@ -1,5 +1,5 @@
 """Widget `pipeline` (section 18): the model's 30 layers split into stages in real worker
-processes, microbatches sent from stage to stage (core/pipeline.py, after GPipe), measured.
+processes, microbatches sent from stage to stage (core/parallel/pipeline.py, after GPipe), measured.
 
 The job starts `stages` processes in one gloo group. Each loads the model and keeps its contiguous
 range of layers; the microbatches (`tokens` tokens each, overlapping windows of a fixed text) go
@@ -15,8 +15,8 @@ the reader's "measure again" counter).
 """
 
 from core.errors import InvalidParameter
-from core.pipeline import PPSettings, bubble_formula, bubble_measured, check_batch, pp_worker, stage_ranges
-from core.workers import WorkerGroup
+from core.parallel.pipeline import PPSettings, bubble_formula, bubble_measured, check_batch, pp_worker, stage_ranges
+from core.parallel.workers import WorkerGroup
 
 from .base import Widget, integer, message
 from .processes import align, run_workers, worker_machine
@@ -53,7 +53,7 @@ def pipeline(call) -> None:
 def pipeline_job(engine, model: str, layers: int, stages: int, microbatches: int, tokens: int, run: int,
                  budget, timeout: float):
     schedules = tuple(sorted(set(SWEEP) | {microbatches}))
-    batch = check_batch(engine.tokenizer, max(schedules), tokens)
+    batch = check_batch(engine.view.tokenizer, max(schedules), tokens)
     group = WorkerGroup(pp_worker, stages, (model, batch, PPSettings(schedules=schedules)), timeout_s=timeout,
                         threads_per_worker=THREADS, budget=budget)
     results = yield from run_workers(engine, group, f"{stages} stages run {len(schedules)} schedules "
@@ -74,7 +74,7 @@ def pipeline_job(engine, model: str, layers: int, stages: int, microbatches: int
         "runs": runs, "schedules": list(schedules),
         "bubble_fraction_measured": chosen["bubble_measured"], "bubble_fraction_formula": chosen["bubble_formula"],
         "bit_equal": last["bit_equal"], "max_abs_diff": last["max_abs_diff"], "checked_microbatches": max(schedules),
-        "activation_bytes": tokens * engine.model_config.hidden_size * 4,
+        "activation_bytes": tokens * engine.view.model_config.hidden_size * 4,
     }
 
 

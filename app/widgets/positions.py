@@ -6,7 +6,7 @@ pair i is dimensions (i, i + D/2). Because a rotation keeps dot products between
 dependent only on the difference of their angles, q(m) . k(n) depends on m - n alone.
 
 Message: `rope` {text, layer, head, query, key} -> a job that runs the probe pass up to `layer`
-(core/probes.py, sliced per block), takes the pre-RoPE query of token `query` in `head` and the
+(core/inspect/probes.py, sliced per block), takes the pre-RoPE query of token `query` in `head` and the
 pre-RoPE key of token `key` in that head's KV group, and rotates them with the model's own
 `rotary` module (the code the forward pass uses):
 
@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from core import probes
 from core.errors import InvalidParameter
+from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, integer, message, text
@@ -75,14 +75,14 @@ def layer_record(model, ids: list[int], layer: int):
 
 
 def rope_job(engine, ids: list[int], layer: int, head: int, query: int, key: int):
-    model = engine.reference_model
+    model = engine.view.reference_model
     record = yield from layer_record(model, ids, layer)
     cfg = model.config
     kv_head = head // (cfg.num_heads // cfg.num_kv_heads)
     q = record.q_raw[query, head]            # (D,) the query before RoPE
     k = record.k_raw[key, kv_head]           # (D,) the key before RoPE, shared by the head's group
     return {
-        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.tokenizer.token_texts(ids))],
+        "tokens": [{"id": i, "text": t} for i, t in zip(ids, engine.view.tokenizer.token_texts(ids))],
         "layer": layer, "head": head, "kv_head": kv_head, "query": query, "key": key,
         "head_dim": cfg.head_dim, "theta": cfg.rope_theta,
         "q_raw": q.tolist(), "k_raw": k.tolist(),

@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from core.block_manager import hash_block
+from core.engine.block_manager import hash_block
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
-from core.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, text
@@ -77,20 +77,20 @@ def check_tokens(call, value: str, name: str, limit: int) -> None:
 def measure(engine, prompts: list[tuple[str, str, list[int]]]):
     """Each prompt prefilled on a cache-off engine and on a cache-on engine, REPEATS times (a fresh
     cache-on engine each round, fed the prompts in the same order): median TTFTs, per-block matches."""
-    bs = engine.config.block_size
+    bs = engine.view.config.block_size
     blocks = sum(-(-len(ids) // bs) + 1 for _, _, ids in prompts) + 4     # room for all: no eviction
     settings = dict(num_kv_blocks=blocks, max_num_seqs=1, max_num_batched_tokens=CHUNK_TOKENS, trace_steps=16)
     total = REPEATS * len(prompts)
     cold = engine.sibling(enable_prefix_caching=False, **settings)
     yield Progress(0, total, "starting the engine without the cache")
-    yield from first_token(cold, [engine.model_config.bos_token_id] * 3)   # first-call costs out of the timings
+    yield from first_token(cold, [engine.view.model_config.bos_token_id] * 3)   # first-call costs out of the timings
     started = time.time()
     without = [[] for _ in prompts]
     with_cache = [[] for _ in prompts]
     for r in range(REPEATS):
         warm = engine.sibling(enable_prefix_caching=True, **settings)       # an empty cache each round
         yield Progress(r * len(prompts), total, f"round {r + 1} of {REPEATS}: a fresh engine with the cache")
-        yield from first_token(warm, [engine.model_config.bos_token_id] * 3)  # no full block: caches nothing
+        yield from first_token(warm, [engine.view.model_config.bos_token_id] * 3)  # no full block: caches nothing
         seen: set[bytes] = set()        # hashes this cache-on engine has published so far
         for i, (label, _, ids) in enumerate(prompts):
             yield Progress(r * len(prompts) + i, total, f"round {r + 1} of {REPEATS}: {label}")
@@ -118,7 +118,7 @@ def prompt_row(engine, prompt, off: list[dict], on: list[dict]) -> dict:
     t_on = statistics.median(run["ttft_ms"] for run in on)
     return {
         "label": label, "question": question, "prompt_tokens": len(ids),
-        "tokens": engine.tokenizer.token_texts(ids),
+        "tokens": engine.view.tokenizer.token_texts(ids),
         "cached_tokens": first["cached_tokens"],
         "ttft_without_ms": t_off, "ttft_with_ms": t_on, "ttft_saved_ms": round(t_off - t_on, 3),
         "ttft_without_runs_ms": [run["ttft_ms"] for run in off], "ttft_with_runs_ms": [run["ttft_ms"] for run in on],

@@ -1,4 +1,4 @@
-"""A job that runs worker processes (core/workers.py), for the parallelism widgets.
+"""A job that runs worker processes (core/parallel/workers.py), for the parallelism widgets.
 
 The job starts a WorkerGroup through the slice helpers, so the engine loop is never held while
 the processes start or compute: each slice waits at most a poll, and not at all while a chat is
@@ -12,7 +12,7 @@ process behind; each worker also dies with the server (PR_SET_PDEATHSIG).
 import os
 import time
 
-from core.workers import WorkerGroup, start_in_slices, wait_in_slices
+from core.parallel.workers import WorkerGroup, start_in_slices, wait_in_slices
 
 from ..jobs import Progress
 from .phases import machine

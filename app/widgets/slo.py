@@ -26,8 +26,8 @@ import time
 
 import torch
 
+from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
-from core.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number
@@ -102,7 +102,7 @@ def workload(inputs: dict, source: list[int]) -> list[dict]:
 def serve(engine, requests: list[dict], max_num_seqs: int, max_waiting: int | None, note: str):
     """Serve `requests` on a fresh sibling engine with this batch limit and admission cap (None: no
     cap), one engine step per slice, on a virtual clock. -> (records, steps, duration_s)."""
-    bs = engine.config.block_size
+    bs = engine.view.config.block_size
     blocks = sum(-(-(len(r["prompt"]) + r["max_tokens"]) // bs) for r in requests) + 4   # never preempts
     exp = engine.sibling(max_num_seqs=max_num_seqs, num_kv_blocks=blocks, trace_steps=16,
                          max_num_batched_tokens=STEP_TOKENS, enable_prefix_caching=False)
@@ -112,7 +112,7 @@ def serve(engine, requests: list[dict], max_num_seqs: int, max_waiting: int | No
     clock, nxt, steps = 0.0, 0, 0
     while nxt < len(requests) or exp.has_unfinished_requests():
         while nxt < len(requests) and requests[nxt]["arrival_s"] <= clock:    # arrivals up to now
-            if max_waiting is not None and exp.stats()["waiting"] >= max_waiting:
+            if max_waiting is not None and exp.view.stats()["waiting"] >= max_waiting:
                 records[nxt]["rejected"] = True                                   # turned away at arrival
             else:
                 r = requests[nxt]
@@ -198,7 +198,7 @@ def measure(engine, inputs: dict, source: list[int]):
 
 def warm_up(exp):
     """A short request, one step per slice, so first-call costs stay out of the timed runs."""
-    seq = exp.add_request([exp.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
+    seq = exp.add_request([exp.view.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
     while not seq.is_finished:
         exp.step()
         yield None

@@ -1,5 +1,5 @@
 """Widget `tensor-parallel` (section 17): the model's layers split by heads and MLP columns across
-real worker processes (core/tensor_parallel.py, after Megatron-LM), measured.
+real worker processes (core/parallel/tensor_parallel.py, after Megatron-LM), measured.
 
 The job starts `tp_degree` processes in one gloo group. Each loads the model, keeps its share of
 every block (its query heads with the KV heads they read, its slice of the MLP's middle) and the
@@ -10,15 +10,15 @@ model in one process, the reference for `max_logit_diff` and the greedy tokens.
 
 Degrees: those that split the heads into whole grouped-query groups (1 and 3 for SmolLM2: 9 query
 heads, 3 KV heads) up to `max_worker_processes`; 2 and 4 are refused with the reason (the
-InvalidParameter of core.tensor_parallel.check_degree, naming `tp_degree`).
+InvalidParameter of core.parallel.tensor_parallel.check_degree, naming `tp_degree`).
 
 Message: `tensor-parallel` {tp_degree, text, run} -> a job (cached by its inputs; `run` is the
 reader's "measure again" counter).
 """
 
 from core.errors import InvalidParameter
-from core.tensor_parallel import Kind, TPSettings, check_degree, shard_plan, tp_worker, valid_degrees
-from core.workers import WorkerGroup
+from core.parallel.tensor_parallel import Kind, TPSettings, check_degree, shard_plan, tp_worker, valid_degrees
+from core.parallel.workers import WorkerGroup
 
 from .base import Widget, encode, integer, message
 from .processes import align, run_workers, worker_machine
@@ -39,7 +39,7 @@ def default_degree(cfg, limit: int) -> int:
 
 def tensor_parallel(call) -> None:
     msg = call.msg
-    cfg = call.runtime.engine.model_config
+    cfg = call.runtime.engine.view.model_config
     limit = call.config.max_worker_processes
     degree = integer(msg, "tp_degree", 1, limit, default=default_degree(cfg, limit))
     check_degree(cfg, degree)
@@ -85,7 +85,7 @@ def tp_result(engine, cfg, degree: int, ids: list[int], run: int, results: list[
                       "allreduce_ms_per_layer": per[Kind.ALLREDUCE.value],
                       "spans": [[s[1], s[2], s[3], s[4], s[5]] for s in mine]})
     first = results[0]
-    tokenizer = engine.tokenizer
+    tokenizer = engine.view.tokenizer
     return {
         "run": run, "tp_degree": degree, "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
         "machine": worker_machine(degree, THREADS),

@@ -2,7 +2,7 @@
 per run: output tokens/s against TTFT and TPOT (p50 and p99), measured on this machine.
 
 After vLLM's serving benchmark (benchmarks/benchmark_serving.py): requests arrive at exponential
-inter-arrival times (core/lab/load.py, seeded), and the metrics are its TTFT, TPOT (first token
+inter-arrival times (app/lab/load.py, seeded), and the metrics are its TTFT, TPOT (first token
 excluded), ITL and output throughput. Raising the arrival rate or the batch limit (`max_num_seqs`)
 raises throughput until the engine saturates, and every step, now larger, makes each token slower.
 
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from core.lab.load import RequestTiming, poisson_arrivals, serving_metrics
-from core.sampling_params import SamplingParams
+from app.lab.load import RequestTiming, poisson_arrivals, serving_metrics
+from core.engine.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number
@@ -56,7 +56,7 @@ def throughput_latency(call) -> None:
 def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
     started = time.time()
     arrivals = poisson_arrivals(rate, len(prompts), seed=SEED)
-    bs = engine.config.block_size
+    bs = engine.view.config.block_size
     blocks = len(prompts) * -(-(PROMPT_TOKENS + OUTPUT_TOKENS) // bs) + 2      # no preemption
     exp = engine.sibling(max_num_seqs=seqs, num_kv_blocks=blocks, max_num_batched_tokens=STEP_TOKENS,
                          enable_prefix_caching=False, enable_chunked_prefill=True, scheduling="continuous",
@@ -70,7 +70,7 @@ def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
         "throughput_tok_s": round(metrics["output_throughput_tok_s"], 3),
         "ttft_p50_ms": round(metrics["ttft"]["p50_ms"], 3), "ttft_p99_ms": round(metrics["ttft"]["p99_ms"], 3),
         "tpot_p50_ms": round(metrics["tpot"]["p50_ms"], 3), "tpot_p99_ms": round(metrics["tpot"]["p99_ms"], 3),
-        "sample_token_ids": tokens, "steps": exp.num_steps, "machine": machine(started),
+        "sample_token_ids": tokens, "steps": exp.view.num_steps, "machine": machine(started),
     }
 
 

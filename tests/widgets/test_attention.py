@@ -68,7 +68,7 @@ def test_binned_cells_are_mean_of_summed_block_weights(T, b):
 # ---- the messages, on the tiny model ------------------------------------------------------------
 
 def test_head_all_is_the_models_own_weights(ws, live_server):
-    from core import probes
+    from core.inspect import probes
     engine = live_server.runtime.engine
     reply = ws.call("attention", text=SHORT, layer=1, head="all")
     assert reply["type"] == "attention", reply
@@ -77,7 +77,7 @@ def test_head_all_is_the_models_own_weights(ws, live_server):
     assert reply["num_tokens"] == len(ids) and [t["id"] for t in reply["tokens"]] == ids
     assert reply["heads"] == list(range(H)) and reply["bin_size"] == 1
     assert reply["kv_heads"] == [h // (H // Hkv) for h in range(H)]
-    expected = probes.run(engine.reference_model, ids, attention={1})[1].attention.double()   # (H, T, T), fp32
+    expected = probes.run(engine.view.reference_model, ids, attention={1})[1].attention.double()   # (H, T, T), fp32
     got = torch.stack([full(rows) for rows in reply["weights"]])
     assert torch.allclose(got, expected, atol=1e-6)
     assert torch.allclose(got.sum(-1), torch.ones(H, len(ids), dtype=torch.float64), atol=1e-5)

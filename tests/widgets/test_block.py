@@ -147,10 +147,11 @@ def test_the_job_runs_in_slices_with_progress_per_layer(tiny_loaded):
 
     from app.jobs import Progress
     from app.widgets.block import layers_job
-    from core.model import Transformer
+    from core.model.model import Transformer
 
-    engine = SimpleNamespace(reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
-                             tokenizer=tiny_loaded.tokenizer)
+    engine = SimpleNamespace(view=SimpleNamespace(   # what the job reads: the engine's view
+        reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
+        tokenizer=tiny_loaded.tokenizer))
     ids = tiny_loaded.tokenizer.encode(TEXT)
     items, result = drain(layers_job(engine, ids))
     L = tiny_loaded.config.num_layers

@@ -73,7 +73,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from app.jobs import EXCLUSIVE, Progress
     from app.widgets.chunked_prefill import chunked_prefill_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
+    from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     gen = chunked_prefill_job(engine, decoders=2, prompt_tokens=64, budget=18, run=0)
@@ -84,7 +84,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     steps = sum(len(run["steps"]) for run in r["runs"].values())
     assert sum(isinstance(i, Progress) for i in items) >= steps  # one slice per engine step at least
     check_structure(r, 2, 64, 18)
-    assert engine.stats()["kv"]["used_blocks"] == 0          # the serving engine was never touched
+    assert engine.view.stats()["kv"]["used_blocks"] == 0          # the serving engine was never touched
 
 
 @pytest.mark.real_model

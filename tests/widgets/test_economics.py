@@ -16,7 +16,7 @@ LLAMA70_KV = 2 * 80 * 8 * 128 * 2          # K and V, 8 KV heads of 128, bf16
 
 
 def econ():
-    from core.lab import economics
+    from app.lab import economics
     return economics
 
 

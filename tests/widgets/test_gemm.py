@@ -93,7 +93,7 @@ def test_the_job_times_one_point_per_slice(tiny_loaded):
     from app.jobs import Progress
     from app.widgets.gemm import TRIES, gemm_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
+    from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     gen = gemm_job(engine, format="fp32", max_rows=64, run=0)

@@ -140,7 +140,7 @@ def test_the_job_runs_one_engine_step_per_slice_and_counts_each_generation_step(
     from app.jobs import Progress
     from app.widgets.kv_cache import CHUNK_TOKENS, compare_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
+    from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     ids = tiny_loaded.tokenizer.encode("one two three four five six seven eight nine ten " * 4)[:CHUNK_TOKENS + 8]
@@ -155,4 +155,4 @@ def test_the_job_runs_one_engine_step_per_slice_and_counts_each_generation_step(
     assert progress[-1].done == progress[-1].total == len(items)
     check_counts(r, P, N)
     assert r["same"] is True
-    assert engine.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched
+    assert engine.view.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched

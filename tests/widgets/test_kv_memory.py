@@ -34,7 +34,7 @@ def test_smollm2_bf16_is_23040_bytes_per_token():
 def test_kv_pool_is_the_tensors_bytes_over_the_slots(ws, live_server):
     r = ws.call("kv_pool")
     assert r["type"] == "kv_pool", r
-    cache = live_server.runtime.engine.cache
+    cache = live_server.runtime.engine.view.cache
     tensors = [cache.k, cache.v]
     nbytes = sum(math.prod(t.shape) * t.element_size() for t in tensors)
     slots = cache.num_blocks * cache.block_size                   # blocks x slots per block

@@ -52,7 +52,7 @@ def independent_routing(loaded, texts: list[str], k: int):
     MoE model (the widget runs its own cached model block by block)."""
     import dataclasses
 
-    from core.model import Transformer
+    from core.model.model import Transformer
     from toy_models.moe import derive, files_for
 
     cfg, sd = derive(loaded.config, loaded.state_dict, files_for(loaded.config))
@@ -70,7 +70,7 @@ def independent_routing(loaded, texts: list[str], k: int):
 
 
 def check_routing(r, loaded, texts, k):
-    from core.moe import route
+    from core.model.moe import route
     logits, ids, _ = independent_routing(loaded, texts, k)
     T = sum(map(len, ids))
     assert r["batch_tokens"] == T and r["texts"] == len(texts) and r["top_k"] == k
@@ -102,7 +102,7 @@ def test_moe_routes_the_batch_on_the_tiny_model(ws, tiny_loaded):
 
 
 def test_moe_parallel_equals_one_process_and_leaves_no_worker(ws, tiny_loaded):
-    from core.moe import route
+    from core.model.moe import route
     r = ws.job("moe-parallel", texts=TEXTS, top_k=2, layer=1, workers=2, timeout=180)
     assert r["type"] == "moe-parallel", r
     assert (r["layer"], r["workers"], r["top_k"], r["run"]) == (1, 2, 2, 0)
@@ -125,8 +125,8 @@ def test_the_jobs_run_in_short_slices(tiny_loaded):
     from app.jobs import Progress
     from app.widgets.moe import parallel_job, route_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
-    from core.workers import ProcessBudget
+    from core.engine.llm_engine import LLMEngine
+    from core.parallel.workers import ProcessBudget
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     ids = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
@@ -135,7 +135,7 @@ def test_the_jobs_run_in_short_slices(tiny_loaded):
         assert all(isinstance(i, Progress) and 0 <= i.done <= i.total and i.note for i in items)
         assert len(items) >= len(ids) * 2                  # several slices per text and layer
     assert r["max_abs_diff"] <= 1e-6
-    assert engine.stats()["kv"]["used_blocks"] == 0
+    assert engine.view.stats()["kv"]["used_blocks"] == 0
 
 
 @pytest.mark.real_model
@@ -185,8 +185,8 @@ def test_an_abandoned_parallel_job_closes_its_workers(tiny_loaded):
 
     from app.widgets.moe import parallel_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
-    from core.workers import ProcessBudget
+    from core.engine.llm_engine import LLMEngine
+    from core.parallel.workers import ProcessBudget
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     budget = ProcessBudget(4)

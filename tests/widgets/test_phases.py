@@ -103,7 +103,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from app.jobs import Progress
     from app.widgets.phases import CHUNK_TOKENS, PREFILL_TRIES, TRIES, phases_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
+    from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
     gen = phases_job(engine, max_prompt=128, decode_tokens=4, run=0)
@@ -115,7 +115,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     assert len(items) == 1 + steps + 2 * TRIES
     assert progress[-1].done == progress[-1].total
     check_structure(r, 128, 4)
-    assert engine.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched
+    assert engine.view.stats()["kv"]["used_blocks"] == 0            # the serving engine was never touched
 
 
 @pytest.mark.real_model

@@ -186,10 +186,11 @@ def test_the_job_stops_after_the_layer_it_needs(tiny_loaded):
 
     from app.jobs import Progress
     from app.widgets.positions import rope_job
-    from core.model import Transformer
+    from core.model.model import Transformer
 
-    engine = SimpleNamespace(reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
-                             tokenizer=tiny_loaded.tokenizer)
+    engine = SimpleNamespace(view=SimpleNamespace(   # what the job reads: the engine's view
+        reference_model=Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict),
+        tokenizer=tiny_loaded.tokenizer))
     ids = tiny_loaded.tokenizer.encode(TEXT)
     for layer in range(tiny_loaded.config.num_layers):
         gen = rope_job(engine, ids, layer=layer, head=0, query=len(ids) - 1, key=0)
@@ -197,7 +198,7 @@ def test_the_job_stops_after_the_layer_it_needs(tiny_loaded):
         progress = [i for i in items if isinstance(i, Progress)]
         assert [p.note for p in progress] == [f"layer {l + 1} of {layer + 1}" for l in range(layer)]
         assert result["layer"] == layer
-    assert all(not block.attn.qkv_proj._forward_hooks for block in engine.reference_model.layers)  # hooks removed
+    assert all(not block.attn.qkv_proj._forward_hooks for block in engine.view.reference_model.layers)  # hooks removed
 
 
 @pytest.mark.browser

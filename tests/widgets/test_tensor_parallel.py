@@ -40,7 +40,7 @@ def per_layer(rank: dict, kind: str, layers: int) -> float:
 
 
 def greedy_here(loaded, ids: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
-    from core.model import Transformer
+    from core.model.model import Transformer
     model = Transformer.from_state_dict(loaded.config, loaded.state_dict)
     seq = list(ids)
     with torch.inference_mode():
@@ -92,8 +92,8 @@ def test_the_job_holds_the_engine_loop_only_briefly(tiny_loaded, monkeypatch):
     from app.jobs import Progress
     from app.widgets.tensor_parallel import tp_job
     from core.config import EngineConfig
-    from core.engine import LLMEngine
-    from core.workers import ProcessBudget, WorkerGroup
+    from core.engine.llm_engine import LLMEngine
+    from core.parallel.workers import ProcessBudget, WorkerGroup
 
     polls: list[tuple[str, float]] = []          # (what, the longest wait it was allowed)
     start, wait = WorkerGroup.start, WorkerGroup.wait

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from conftest import figure_value, shoot_widget, wait_ready
-from core.lab.load import RequestTiming, percentile, poisson_arrivals, serving_metrics
+from app.lab.load import RequestTiming, percentile, poisson_arrivals, serving_metrics
 
 TL = '[data-widget="throughput-latency"]'
 

@@ -35,7 +35,7 @@ export function visibleWhitespace(text) {
   return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
 }
 
-// The engine's weight formats (core/gemm.py), in words for the prose beside a measurement.
+// The engine's weight formats (core/model/linear.py), in words for the prose beside a measurement.
 export const WEIGHT_FORMATS = {
   fp32: "the linear layers in fp32, 4 bytes a weight",
   bf16: "the linear layers in bf16, 2 bytes a weight",

@@ -1,7 +1,7 @@
 // Section 22, "Why a giant MoE is cheap at scale and dear for one user": the price of a million
 // output tokens against the number of concurrent users, for a dense model and a mixture of experts,
 // on hardware figures the reader edits. The server computes it (app/widgets/economics.py over
-// core/lab/economics.py, a roofline per decode step); this module draws the curves, one decode step
+// app/lab/economics.py, a roofline per decode step); this module draws the curves, one decode step
 // in detail with every formula beside its number, and the GPUs each preset needs.
 
 import { el, field, select } from "../lib/dom.js";

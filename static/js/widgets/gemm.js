@@ -1,5 +1,5 @@
 // Section 12, "Batching turns a trickle into a matrix": matrix-multiply time for 1 to 256 rows at
-// SmolLM2's own layer shapes, measured on this server through the engine's kernels (core/gemm.py).
+// SmolLM2's own layer shapes, measured on this server through the engine's kernels (core/model/linear.py).
 // Left: time per row against rows, one line per shape (falling: a row is nearly free until the
 // knee). Right: the roofline from this machine's measured bandwidth and peak, every point on it.
 

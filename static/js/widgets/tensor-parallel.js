@@ -23,7 +23,7 @@ function span(what, [a, b]) {
   return b - a === 1 ? `${what} ${a}` : `${what}s ${a}–${b - 1}`;
 }
 
-// The rule of core/tensor_parallel.split_error: whole grouped-query groups on every rank.
+// The rule of core/parallel/tensor_parallel.split_error: whole grouped-query groups on every rank.
 function splits(n, H, K) {
   return n >= 1 && (K % n === 0 || (n % K === 0 && H % n === 0));
 }

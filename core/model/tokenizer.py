@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from enum import Enum
 
-from .errors import InvalidParameter
+from core.errors import InvalidParameter
 
 
 class TokenKind(str, Enum):

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .gemm import MIN_GEMM_ROWS
-from .kv_cache import KVCache
+from core.model.kv_cache import KVCache
+from core.model.linear import MIN_GEMM_ROWS
 
 MIN_KEYS = 16  # fewer keys than this switch the score matmul's and the softmax's kernels
 

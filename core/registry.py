@@ -8,7 +8,7 @@ toy_models: the dependency points one way only, toy_models -> core.
 
 from importlib.metadata import entry_points
 
-from .errors import InvalidParameter
+from core.errors import InvalidParameter
 
 GROUP = "sendlens.models"
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .errors import InvalidParameter
+from core.errors import InvalidParameter
 
 
 class Block:

@@ -2,7 +2,8 @@
 
 from dataclasses import dataclass, field
 
-from .trace import StepKind
+from core.engine.trace import StepKind
+from core.model.sampler import Candidate
 
 
 @dataclass
@@ -58,16 +59,6 @@ class RequestMetrics:
 
     def as_dict(self) -> dict:
         return {"queue_s": self.queue_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s}
-
-
-@dataclass
-class Candidate:
-    """One likely next token: its raw logit, its probability from the logits and after the sampling filters."""
-
-    token_id: int
-    prob: float        # softmax of the logits at temperature 1
-    final_prob: float  # after temperature, top-k and top-p (what was actually sampled from)
-    logit: float       # the model's raw logit (before temperature), so a client can reshape the distribution
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from .errors import InvalidParameter, is_int
+from core.errors import InvalidParameter, is_int
 
 MAX_TOP_CANDIDATES = 20  # the most candidates a request may ask to see per step
 MAX_TEMPERATURE = 100.0  # beyond this every distribution is flat anyway

@@ -15,16 +15,16 @@ loop): router logits in fp32 -> the top-k experts of each token -> the (token, e
 sorted by expert -> one product per expert over just its tokens, through gemm.py's
 batch-invariant kernels -> each token's k results summed in the order of their expert ids. Every
 step treats a token's row on its own, so a request gives the same tokens alone and batched, as
-with the dense MLP. core/expert_parallel.py runs the same steps with the experts in other processes.
+with the dense MLP. core/parallel/expert_parallel.py runs the same steps with the experts in other processes.
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig, WeightFormat
-from .errors import InvalidParameter, is_int
-from .gemm import PackedLinear, linear
+from core.config import ModelConfig, WeightFormat
+from core.errors import InvalidParameter, is_int
+from core.model.linear import PackedLinear, linear
 
 
 class Router(nn.Module):

@@ -2,13 +2,13 @@
 experts of one MoE layer split across worker processes, and every token sent to the process that
 holds its expert and back, with torch.distributed's all-to-all.
 
-W ranks (core/workers.py), each holding E/W experts (rank r: experts r*E/W to (r+1)*E/W - 1) and
+W ranks (core/parallel/workers.py), each holding E/W experts (rank r: experts r*E/W to (r+1)*E/W - 1) and
 1/W of the tokens, as data parallelism would hand them out. One layer, on every rank:
 1. route: the router (a copy on every rank) picks each of its tokens' top-k experts;
 2. dispatch: the (token, expert) pairs, sorted by the rank that holds the expert, go there: first
    how many to each rank (an all-to-all of W numbers), then the rows and their expert ids
    (`all_to_all_single` with those uneven splits);
-3. compute: the grouped product of core/moe.py over the rows received, with its own experts;
+3. compute: the grouped product of core/model/moe.py over the rows received, with its own experts;
 4. return and combine: the results travel back by the reverse all-to-all, and each token sums its
    k results in expert order, exactly as the layer does in one process (so the output is equal).
 gloo, torch's CPU backend, implements `all_to_all_single` with uneven splits, which is what this
@@ -26,11 +26,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from .config import WeightFormat
-from .errors import InvalidParameter
-from .gemm import linear
-from .moe import Experts, MoEMLP, check_top_k, combine, grouped, route
-from .workers import ProcessBudget, WorkerGroup
+from core.config import WeightFormat
+from core.errors import InvalidParameter
+from core.model.linear import linear
+from core.model.moe import Experts, MoEMLP, check_top_k, combine, grouped, route
+from core.parallel.workers import ProcessBudget, WorkerGroup
 
 PHASES = ("route", "dispatch", "compute", "return", "combine")   # in the order they run
 

@@ -21,7 +21,7 @@ refused with InvalidParameter("tp_degree"): 9 heads in 3 groups do not split int
 groups. The MLP's middle is split into near-equal slices, which need not be equal.
 
 Each rank runs the model's own Attention and MLP modules, built with its share of the heads and
-columns (core/model.py), so the arithmetic is the one-process model's; only the sums' order
+columns (core/model/model.py), so the arithmetic is the one-process model's; only the sums' order
 differs, so the logits agree with one process to ~1e-5, not bit for bit.
 """
 
@@ -33,9 +33,9 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from .config import ModelConfig
-from .errors import InvalidParameter
-from .model import MLP, Attention, Transformer
+from core.config import ModelConfig
+from core.errors import InvalidParameter
+from core.model.model import MLP, Attention, Transformer
 
 
 class Kind(str, Enum):
@@ -198,7 +198,7 @@ def tp_worker(rank: int, world_size: int, model_name: str, ids: list[int], setti
     memory that its sender serves, and a worker may have exited before the parent reads it."""
     import os
 
-    from .models import load
+    from core.registry import load
 
     t0 = time.monotonic()
     loaded = load(model_name)
@@ -234,7 +234,7 @@ def tp_worker(rank: int, world_size: int, model_name: str, ids: list[int], setti
     return out
 
 
-# ---- python -m core.tensor_parallel --check: here, or across machines under torchrun ---------
+# ---- python -m core.parallel.tensor_parallel --check: here, or across machines under torchrun ---------
 
 TOLERANCE = 1e-4          # the check: |logits - one process's| at most this, and the same greedy tokens
 CHECK_PROMPT = "The capital of France is Paris, and the capital of Italy is"
@@ -257,10 +257,10 @@ def summary(out: dict, degree: int) -> tuple[bool, str]:
 def main(argv=None) -> int:
     import argparse
 
-    from .models import load
-    from .workers import WorkerGroup, launched_by_torchrun, run_torchrun_rank
+    from core.parallel.workers import WorkerGroup, launched_by_torchrun, run_torchrun_rank
+    from core.registry import load
 
-    parser = argparse.ArgumentParser(prog="python -m core.tensor_parallel",
+    parser = argparse.ArgumentParser(prog="python -m core.parallel.tensor_parallel",
                                      description="Run the model tensor-parallel and compare with one process.")
     parser.add_argument("--check", action="store_true", help="run the check (the only action)")
     parser.add_argument("--degree", type=int, default=3, help="processes here when not under torchrun")

@@ -10,9 +10,9 @@ from enum import Enum
 
 import torch
 
-from .detokenizer import Detokenizer
-from .outputs import Candidate, RequestMetrics, RequestOutput
-from .sampling_params import SamplingParams
+from core.engine.outputs import Candidate, RequestMetrics, RequestOutput
+from core.engine.sampling_params import SamplingParams
+from core.model.detokenizer import Detokenizer
 
 
 class SequenceStatus(Enum):

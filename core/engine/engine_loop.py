@@ -25,10 +25,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-from .engine import LLMEngine
-from .errors import EngineOverloaded
-from .outputs import RequestOutput
-from .sequence import Sequence
+from core.engine.llm_engine import LLMEngine
+from core.engine.outputs import RequestOutput
+from core.engine.sequence import Sequence
+from core.errors import EngineOverloaded
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,8 @@ class EngineLoop:
         self.max_queued_tokens = max_queued_tokens  # ... or prompt tokens waiting (None: no limit)
         self._pending_tokens = 0    # prompt tokens submitted, not yet handed to the engine
         self.side_work = side_work
-        self._info = engine.info()
-        self._stats = engine.stats()
+        self._info = engine.view.info()
+        self._stats = engine.view.stats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: deque[Job] = deque()
         self._requests: dict[str, tuple[Sequence, Listener]] = {}
@@ -169,7 +169,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._take_commands()
-            self._stats = self.engine.stats()   # the queue as the engine now holds it
+            self._stats = self.engine.view.stats()   # the queue as the engine now holds it
             did_work = self._run_one_job()
             did_work = self._run_side_work() or did_work
             if self.engine.has_unfinished_requests():
@@ -177,7 +177,7 @@ class EngineLoop:
             elif not did_work:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
-            self._stats = self.engine.stats()
+            self._stats = self.engine.view.stats()
         for seq, _ in list(self._requests.values()):
             self._deliver(self.engine.abort(seq.request_id) or seq.output([], ""))
 

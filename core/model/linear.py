@@ -10,16 +10,16 @@ every format bit for bit, alone against batched, with one and two threads.
 
 - fp32: the engine's own kernel (csrc/f32_matmul.cpp) where the CPU has AVX2 and FMA: each output
   is one chain of fused multiply-adds over k in order, in whatever tile its row falls, so rows are
-  never padded. One row streams the weights at memory speed (twice oneDNN's prepacked product on
-  two rows on a Zen 3), and tiles of five rows keep up with oneDNN's from 8 rows to a prompt's
-  hundreds (148-165 GFLOP/s there, oneDNN 97-149).
+  never padded. One row streams the weights at memory speed, and tiles of five rows serve from a
+  few rows to a prompt's hundreds (the widget `gemm` and `python -m bench` measure it against
+  oneDNN's).
 - bf16 keeps its weights in bfloat16 and accumulates in fp32, the activations and the result
   rounded to bfloat16. Where the CPU converts to bfloat16 natively (AVX-512 BW/VL/DQ or
   AVX-NE-CONVERT), oneDNN's matmul on weights reordered once, at load, into its blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's freezing pass does for CPU
   linears), its dot products in AVX512-BF16; oneDNN takes another kernel for a single row at some
   shapes (an input of 1,536 here), so rows are padded to PREPACKED_MIN_ROWS. Elsewhere (an
-  AVX2-only CPU, where oneDNN's bf16 is reference code at about 1 GFLOP/s) the engine's fp32
+  AVX2-only CPU, where oneDNN's bf16 is slow reference code) the engine's fp32
   kernel reads the bfloat16 weights and widens them to fp32 (exactly; for many rows once per
   panel): the same chains, half the bytes.
 - Without the engine's extension, fp32 takes oneDNN's prepacked product (padded as above) and,
@@ -34,8 +34,8 @@ every format bit for bit, alone against batched, with one and two threads.
   d * that + m * the group's sum of activations, accumulated in fp32. With AVX-512 BF16 the
   activations are rounded to bfloat16 and summed in bfloat16-pair dot products; with AVX2 they are
   rounded to 16-bit integers per group of 32 (at most 2^-16 of the group's largest off) and summed
-  exactly in 32-bit integers (VPMADDWD). Two to three times PyTorch's int4 kernel for one row,
-  twice for 64.
+  exactly in 32-bit integers (VPMADDWD). The widget `gemm` measures it against PyTorch's int4
+  kernel.
   Elsewhere, PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, written for torchao's
   weight-only quantization) computes w = (q - 8) * scale + zero with scale = d and
   zero = m + 8d in bfloat16. Both are row-independent by construction: each output is one fixed
@@ -47,8 +47,9 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 
-from .config import WeightFormat
-from .errors import InvalidParameter
+from core.config import WeightFormat
+from core.errors import InvalidParameter
+from core.kernels.loader import extension
 
 MIN_GEMM_ROWS = 4       # MKL sgemm's row panel: a partial one switches kernels (and rounding)
 BF16_MIN_ROWS = 2       # oneDNN's plain bf16 matmul takes a matrix-vector kernel for one row
@@ -119,8 +120,6 @@ def linear_q4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor)
 def f32_kernel():
     """The engine's own fp32 product (csrc/f32_matmul.cpp) where it is built and the CPU has AVX2
     and FMA, else None."""
-    from .native import extension   # here, not at the top: native.py imports this module
-
     ext = extension()
     return ext if ext is not None and ext.f32_matmul_available() else None
 
@@ -153,8 +152,6 @@ def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 def q4_kernel():
     """The engine's own Q4_1 product (csrc/q4_matmul.cpp) where it is built and the CPU has
     AVX-512 BF16 or AVX2 (q4_kernel_isa() says which), else None."""
-    from .native import extension   # here, not at the top: native.py imports this module
-
     ext = extension()
     return ext if ext is not None and ext.q4_matmul_isa() else None
 
@@ -224,8 +221,8 @@ class PackedQ8_0:
     """A matrix in Q8_0 and its row-independent product: the engine's kernel (csrc/q8_matmul.cpp,
     one pass over the 8-bit weights, exact integer sums per group) where it runs (AVX2), else two
     4-bit products, since q = 16*hi + lo with hi in -8..7 and lo in 0..15 makes w = 16d*hi + d*lo:
-    the q4_1 layers of 16d*hi and of d*lo, summed (PyTorch's int4 kernel; 35 MB for SmolLM2's
-    head where the 8-bit pass reads 30). product=Product.PLAIN takes the two 4-bit products on
+    the q4_1 layers of 16d*hi and of d*lo, summed (PyTorch's int4 kernel, which reads more bytes than
+    the 8-bit pass: each half has its own d and m). product=Product.PLAIN takes the two 4-bit products on
     PyTorch's int4 kernel."""
 
     def __init__(self, weight: torch.Tensor, product: Product | None = None):

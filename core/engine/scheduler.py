@@ -7,21 +7,20 @@ slots (max_num_seqs) and the KV pool allow. With chunked prefill (Agrawal et al.
 "Sarathi-Serve") a long prompt is cut to fit the budget, so it does not stall the decoders.
 
 A chunk's cost grows with its context: each of its tokens runs the linear layers once (the same
-work at any position) and attends to every key before it. On this CPU the attention over one to
-two thousand keys costs as much as the linear layers (measured, bf16, 256-token chunks of a
-4,000-token prompt: a step took 0.43 s near the start and 1.2 s near the end), so a budget
-counted in tokens alone lets the last chunks of a long prompt take three times as long as the
-first, and stall the decoders that long. A chunk starting at position c therefore counts each
-token as 1 + c / chunk_context_tokens tokens of the budget (2048 by default: the late steps of
-that prompt then took 1.4 times the first in bf16, less in fp32, whose linear layers cost more).
+work at any position) and attends to every key before it. On a CPU the attention over one to
+two thousand keys costs about as much as the linear layers, so a budget counted in tokens alone
+lets the last chunks of a long prompt take several times as long as the first, and stall the
+decoders that long. A chunk starting at position c therefore counts each token as
+1 + c / chunk_context_tokens tokens of the budget (2048 by default), which keeps late chunks'
+steps close to the first ones' (the widget `chunked_prefill` times the steps of such a prompt).
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
-from .config import EngineConfig, Scheduling
-from .sequence import Sequence, SequenceStatus
+from core.config import EngineConfig, Scheduling
+from core.engine.block_manager import BlockManager
+from core.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass

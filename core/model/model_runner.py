@@ -1,4 +1,10 @@
-"""Turn one scheduled step into tensors, run the model over the paged KV cache, return logits.
+"""Build the model and the KV pool; turn one scheduled step into tensors, run the model over the
+paged KV cache, return logits (after nano-vllm's ModelRunner).
+
+At start the runner packs the loaded weights in the engine's format (core/model/linear.py), gives
+the model the C++ kernels and decoder where they are built, keeps an fp32 reference model on the
+same weights for the looking-inside widgets, and sizes the KV pool from the engine's byte budget.
+Before each step it sets torch's thread count (cpu_share.py), where the engine shares the CPU.
 
 The scheduler says which sequences compute how many tokens; the runner packs those tokens into
 one flat batch (ids, positions, the pool slot of each token's K and V, each sequence's block
@@ -14,11 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import native
-from .attention import PagedBatch, build_group, min_query_rows, plan_groups
-from .kv_cache import KVCache
-from .model import Transformer
-from .sequence import Sequence
+from core.config import EngineConfig
+from core.cpu_share import CpuShare
+from core.kernels.loader import kernels
+from core.model.attention import PagedBatch, build_group, min_query_rows, plan_groups
+from core.model.kv_cache import BYTES_PER_VALUE, KVCache
+from core.model.model import Transformer
+from core.model.native_decoder import native_decoder
 
 # The torch path only: a prefill chunk attends as pieces of this many queries, each reading the
 # keys up to its own last position only: a causal mask over one (n, n) square wastes half the
@@ -33,19 +41,40 @@ class StepInput:
     positions: torch.Tensor    # (T,)
     batch: PagedBatch
     sample_rows: torch.Tensor  # (N,) packed index of the last token of each sampling sequence
-    sample_seqs: list[Sequence]
+    sample_seqs: list          # the engine's Sequences that sample a token, in row order
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, cache: KVCache):
-        self.model = model
-        self.cache = cache
-        self.block_size = cache.block_size
-        cfg = model.config
-        self.min_rows = min_query_rows(cfg.num_heads, cfg.num_kv_heads)
-        self.kernel = native.kernels(cfg)  # None: attention.py's torch path
+    def __init__(self, config: EngineConfig, loaded):
+        """loaded: the model (config, state_dict); with `models` (model, reference model) set, as
+        a sibling engine hands them over, those run as they are."""
+        self.cpu_share = CpuShare(config.num_threads) if config.share_cpu else None
+        if not config.share_cpu and config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        mc = loaded.config
+        if getattr(loaded, "models", None):          # a sibling in its parent's format: the same modules
+            self.model, self.reference_model = loaded.models
+        else:
+            self.model = Transformer.from_state_dict(mc, loaded.state_dict, config.weight_format,
+                                                     config.lm_head_candidates)
+            self.model.use_kernels(kernels(mc))                  # None where it cannot be built: torch's
+            if config.native:
+                self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
+            # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
+            self.reference_model = self.model.reference()
+        bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
+        self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
+        self.cache = KVCache(mc.num_layers, self.num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        self.block_size = config.block_size
+        self.min_rows = min_query_rows(mc.num_heads, mc.num_kv_heads)
+        self.kernel = kernels(mc)  # None: attention.py's torch path
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> StepInput:
+    def fit_threads(self) -> None:
+        """Before a step: torch's thread count to the cores other processes leave free (with share_cpu)."""
+        if self.cpu_share is not None:
+            self.cpu_share.update()
+
+    def prepare(self, scheduled: list[tuple]) -> StepInput:
         """Plain Python and numpy over the scheduled sequences, then one tensor per field: the
         cost grows with the new tokens and the blocks they read, never with anything else."""
         bs = self.block_size

@@ -7,10 +7,20 @@ same tokens alone or beside any others. It can also report the N most likely tok
 probabilities before and after the filters and their raw logits, for the widgets that show sampling.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .outputs import Candidate
-from .sampling_params import SamplingParams
+
+@dataclass
+class Candidate:
+    """One likely next token: its raw logit, its probability from the logits and after the sampling filters."""
+
+    token_id: int
+    prob: float        # softmax of the logits at temperature 1
+    final_prob: float  # after temperature, top-k and top-p (what was actually sampled from)
+    logit: float       # the model's raw logit (before temperature), so a client can reshape the distribution
+
 
 
 def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -37,9 +47,9 @@ def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
 
 class Sampler:
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
+    def __call__(self, logits: torch.Tensor, params: list,
                  generators: list[torch.Generator | None]):
-        """logits (N, V) -> (token ids [N], candidates per row or None)."""
+        """logits (N, V), one SamplingParams per row -> (token ids [N], candidates per row or None)."""
         N = logits.shape[0]
         tokens = logits.argmax(dim=-1)                                         # greedy rows
         sampled = [i for i, p in enumerate(params) if not p.greedy]

@@ -30,8 +30,8 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from .errors import InvalidParameter
-from .model import Transformer
+from core.errors import InvalidParameter
+from core.model.model import Transformer
 
 MAX_STAGES = 8
 
@@ -119,7 +119,7 @@ def pp_worker(rank: int, world_size: int, model_name: str, batch: list[list[int]
     """One stage: load, keep its layers, run each schedule of settings.schedules (the first m
     microbatches of `batch`). The last stage returns the outputs of the largest schedule and,
     with settings.check, their comparison with the whole model in one process."""
-    from .models import load
+    from core.registry import load
 
     if len({len(ids) for ids in batch}) != 1:
         raise InvalidParameter("batch", "every microbatch must have the same number of tokens")
@@ -151,7 +151,7 @@ def pp_worker(rank: int, world_size: int, model_name: str, batch: list[list[int]
     return out
 
 
-# ---- python -m core.pipeline --check: here, or across machines under torchrun -------------------
+# ---- python -m core.parallel.pipeline --check: here, or across machines under torchrun -------------------
 
 BATCH_TEXT = ("A pipeline passes work from one stage to the next. The first stage starts on the first item "
               "while the others wait; once it hands that item on, it takes the second, and soon every stage is "
@@ -174,10 +174,10 @@ def check_batch(tokenizer, microbatches: int, tokens: int) -> list[list[int]]:
 def main(argv=None) -> int:
     import argparse
 
-    from .models import load
-    from .workers import WorkerGroup, launched_by_torchrun, run_torchrun_rank
+    from core.parallel.workers import WorkerGroup, launched_by_torchrun, run_torchrun_rank
+    from core.registry import load
 
-    parser = argparse.ArgumentParser(prog="python -m core.pipeline",
+    parser = argparse.ArgumentParser(prog="python -m core.parallel.pipeline",
                                      description="Run the model as a pipeline and compare with one process.")
     parser.add_argument("--check", action="store_true", help="run the check (the only action)")
     parser.add_argument("--stages", type=int, default=3, help="processes here when not under torchrun")

@@ -5,7 +5,7 @@ the widgets draw: each layer's rotated queries and keys, its attention weights, 
 the updates the attention and the MLP add to the residual stream (the "residual stream" view of
 Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"). It is a probe layer
 around the model: it calls the model's own modules block by block (the way TransformerLens
-exposes a model's activations, but without hook code inside the model), so core/model.py has no
+exposes a model's activations, but without hook code inside the model), so core/model/model.py has no
 code for it.
 
 `slices()` is a generator that pauses after each small piece of work, so the web app can run a
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import attend
-from .errors import InvalidParameter, is_int
-from .model import Transformer
+from core.errors import InvalidParameter, is_int
+from core.model.attention import attend
+from core.model.model import Transformer
 
 
 @dataclass

@@ -16,17 +16,17 @@ decoding picks what fp32 would, and sampling reads exact logits where the mass i
 The forward pass takes a packed batch of tokens from many sequences with explicit positions and
 no padding, so one engine step can mix prefill chunks and decode tokens (see attention.py).
 Without a PagedBatch it runs one whole sequence with plain causal attention. Nothing here knows
-about the widgets: core/probes.py looks inside by running these modules itself, block by block.
+about the widgets: core/inspect/probes.py looks inside by running these modules itself, block by block.
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import PagedBatch, causal_attention, paged_attention
-from .config import ModelConfig, WeightFormat
-from .gemm import PackedLinear, PackedQ8_0, Product, linear
-from .moe import Experts, MoEMLP
+from core.config import ModelConfig, WeightFormat
+from core.model.attention import PagedBatch, causal_attention, paged_attention
+from core.model.linear import PackedLinear, PackedQ8_0, Product, linear
+from core.model.moe import Experts, MoEMLP
 
 
 class Linear(nn.Module):

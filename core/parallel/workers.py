@@ -1,11 +1,11 @@
 """Worker processes in one torch.distributed group: the machinery under tensor, pipeline and
-expert parallelism (core/tensor_parallel.py, core/pipeline.py, core/expert_parallel.py).
+expert parallelism (core/parallel/tensor_parallel.py, core/parallel/pipeline.py, core/parallel/expert_parallel.py).
 
 A WorkerGroup starts `world_size` fresh Python processes (multiprocessing's "spawn": a fork of a
 threaded server process could inherit held locks), joins them in one gloo process group
 (torch.distributed's CPU backend) and runs one function in each, `target(rank, world_size, *args)`.
 Each rank's return value comes back to the parent. It is the same code torchrun runs across
-machines: the target only sees its rank and the group, so `python -m core.workers` style launchers
+machines: the target only sees its rank and the group, so `python -m core.parallel.workers` style launchers
 or torchrun (env:// rendezvous) can run it unchanged.
 
 Bounded and always cleaned up, because a web page starts these:
@@ -30,7 +30,7 @@ import time
 import traceback
 from datetime import timedelta
 
-from .errors import InvalidParameter
+from core.errors import InvalidParameter
 
 NICE = 10                 # workers' scheduling priority below the server's (0)
 JOIN_S = 2.0              # how long close() waits for a terminated worker before SIGKILL

@@ -1,0 +1,1 @@
+"""Small pure helpers for the serving widgets' maths (no engine, no torch): economics and load shapes."""

@@ -1,0 +1,223 @@
+"""LLMEngine: requests in, one step at a time, outputs out (after vLLM's LLMEngine).
+
+A step is: schedule (which sequences, how many tokens each; scheduler.py) -> run the model once
+over all of them and sample one token for each sequence whose prompt is done (the model runner
+and the sampler) -> postprocess (append the token, detokenize, check stop conditions, publish
+full KV blocks to the prefix cache, free the blocks of finished requests) -> record the step
+(step_recorder.py). The model runner builds the model and the KV pool; the app reads the engine
+only through `engine.view` (view.py). The engine is single-threaded: EngineLoop runs it on a
+thread of its own for the web app; LLM drives it directly for offline use.
+"""
+
+import dataclasses
+import itertools
+import logging
+import random
+import time
+
+import torch
+
+from core import registry
+from core.config import OMP_POLICY_APPLIED, OMP_SPIN_COUNT, EngineConfig
+from core.engine.block_manager import BlockManager
+from core.engine.outputs import RequestOutput
+from core.engine.sampling_params import SamplingParams
+from core.engine.scheduler import Scheduler, SchedulerOutput
+from core.engine.sequence import FinishReason, Sequence
+from core.engine.step_recorder import StepRecorder
+from core.engine.view import EngineView
+from core.errors import ContextLengthExceeded, InvalidParameter, is_int
+from core.model.model_runner import ModelRunner
+from core.model.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Sampled:
+    """What a step's run gives back: a token (and its candidates) for each sequence that samples."""
+
+    seqs: list[Sequence]
+    tokens: list[int]
+    candidates: list      # per sequence: a list of Candidate, or None
+    time: float           # time.perf_counter() when the tokens were ready
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded=None):
+        """loaded: the model (config, state_dict, tokenizer, source), e.g. from core.registry.load;
+        None loads config.model by name. The only process-wide thing an engine touches is torch's
+        thread count: with share_cpu it sets it before each step to the cores other processes
+        leave free (cpu_share.py), else to num_threads once if given. No global seed, so a second
+        engine can sit beside the serving one (sibling() engines leave the thread count alone)."""
+        loaded = loaded or registry.load(config.model, config.cache_dir)
+        if not OMP_POLICY_APPLIED and config.num_threads != 1:
+            log.warning("torch was imported before sendlens' core, so OpenMP keeps its default spin "
+                        "(long): beside another busy process decode runs several times slower until "
+                        "the engine drops to the free cores. Import core first, or set "
+                        f"GOMP_SPINCOUNT={OMP_SPIN_COUNT}.")
+        self.config = config
+        self.model_config = mc = loaded.config
+        self.model_source = loaded.source
+        self.tokenizer = loaded.tokenizer
+        self.runner = ModelRunner(config, loaded)                 # the model and the KV pool
+        num_blocks = self.runner.num_blocks
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.sampler = Sampler()
+        # A sequence can never grow past the window, nor past the whole pool.
+        window = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = min(window, num_blocks * config.block_size)
+        self.stop_token_ids = {mc.eos_token_id, self.tokenizer.eos_token_id}
+        self.recorder = StepRecorder(self.scheduler, config.trace_steps)
+        self.view = EngineView(self)
+        self._ids = itertools.count()
+        self._rng = random.Random(config.seed)
+
+    def sibling(self, **settings) -> "LLMEngine":
+        """A second engine on the same weights and tokenizer (no copy), with its own KV pool,
+        scheduler and trace, and `settings` (any EngineConfig field) changed: for experiments that
+        run beside the serving engine (the widgets' timing jobs) without touching its state. In
+        the same weight format it runs this engine's model itself (packing q4_1 again would stall
+        the engine loop); both run on the engine loop's one thread, never at once."""
+        settings = {"share_cpu": False, "num_threads": None, **settings}  # the serving engine sets threads
+        config = dataclasses.replace(self.config, **settings)
+        packed_alike = all(getattr(config, f) == getattr(self.config, f)
+                           for f in ("weight_format", "lm_head_candidates", "native"))
+        runner = self.runner
+        loaded = _Shared(self.model_config, runner.model.state_dict(), self.tokenizer, self.model_source,
+                         (runner.model, runner.reference_model) if packed_alike else None)
+        return LLMEngine(config, loaded)
+
+    # -- requests ----------------------------------------------------------------------------
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
+                      request_id: str | None = None, arrival_time: float | None = None) -> Sequence:
+        """Validate and tokenize a request (safe from any thread; nothing is queued)."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameter("sampling_params", f"must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
+            text, ids = None, list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise InvalidParameter("prompt", f"token id {bad[0]} is outside the vocabulary "
+                                                 f"(0..{self.model_config.vocab_size - 1})")
+        else:
+            raise InvalidParameter("prompt", "must be a string or a list of token ids")
+        if not ids:
+            raise InvalidParameter("prompt", "is empty")
+        if len(ids) >= self.max_model_len:
+            raise ContextLengthExceeded(
+                "prompt", f"{len(ids)} tokens leave no room to generate in a context of "
+                          f"{self.max_model_len} tokens")
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        seq = Sequence(rid, ids, params, self.tokenizer,
+                       arrival_time if arrival_time is not None else time.perf_counter(), prompt=text)
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+            seq.generator = torch.Generator().manual_seed(seed)
+        return seq
+
+    def add_sequence(self, seq: Sequence) -> None:
+        if self.scheduler.find(seq.request_id) is not None:
+            raise InvalidParameter("request_id", f"{seq.request_id!r} is already running")
+        self.scheduler.add(seq)
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None) -> Sequence:
+        seq = self.make_sequence(prompt, params, request_id, arrival_time)
+        self.add_sequence(seq)
+        return seq
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now; its blocks go back to the pool. None if it is not running or queued."""
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, FinishReason.ABORT, None, time.perf_counter())
+        seq.detokenizer.drop_held_back()
+        return seq.output([], "")
+
+    def warmup(self) -> None:
+        """Run one short request, so the first real one does not pay for first-call setup
+        (allocator, BLAS threads). Leaves no trace: steps, trace and ids start afresh."""
+        seq = self.add_request([self.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
+        while not seq.is_finished:
+            self.step()
+        self.recorder.reset()
+        self._ids = itertools.count()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One step: schedule -> run -> postprocess -> record. -> an output per request that got a token or finished."""
+        self.runner.fit_threads()
+        self.recorder.start()
+        batch = self.scheduler.schedule()
+        if not batch.scheduled:
+            return []
+        self.recorder.begin(batch)
+        sampled = self.run(batch)
+        outputs = self.postprocess(batch, sampled)
+        self.recorder.end(batch, outputs, sampled.time)
+        return outputs
+
+    def run(self, batch: SchedulerOutput) -> Sampled:
+        """The model over every scheduled token at once, then one sampled token per sequence
+        whose computed tokens reach its end."""
+        step_input = self.runner.prepare(batch.scheduled)
+        logits = self.runner.run(step_input)                       # (N, V)
+        seqs = step_input.sample_seqs
+        tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        return Sampled(seqs, tokens, candidates, time.perf_counter())
+
+    def postprocess(self, batch: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:
+        """Advance the scheduled sequences, publish their full blocks to the prefix cache, append
+        the sampled tokens and check stop conditions (a finished request frees its blocks)."""
+        for seq, n in batch.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.publish(seq)
+        outputs = []
+        for seq, token, cands in zip(sampled.seqs, sampled.tokens, sampled.candidates):
+            self._append_token(seq, token, cands, sampled.time)
+            outputs.append(seq.output([token], seq.detokenizer.release(seq.is_finished)))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, cands, now: float) -> None:
+        seq.token_ids.append(token)
+        seq.metrics.token_times.append(now)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        if seq.candidates is not None:
+            seq.candidates.append(cands)
+        stop_string = seq.detokenizer.append(token)
+        params = seq.params
+        if token in self.stop_token_ids and not params.ignore_eos:
+            self._finish(seq, FinishReason.STOP, token, now)
+        elif token in params.stop_token_ids:
+            self._finish(seq, FinishReason.STOP, token, now)
+        elif stop_string is not None:
+            self._finish(seq, FinishReason.STOP, stop_string, now)
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, FinishReason.LENGTH, None, now)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason, now: float) -> None:
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        seq.metrics.finished_time = now
+        self.scheduler.finish(seq)
+
+
+@dataclasses.dataclass
+class _Shared:
+    """A loaded model's parts, handed from one engine to its sibling."""
+
+    config: object
+    state_dict: dict
+    tokenizer: object
+    source: str
+    models: tuple | None = None   # (model, reference_model) to run as they are, when packed alike
+

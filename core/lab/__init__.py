@@ -1,1 +1,0 @@
-"""Small pure helpers for the serving experiments (no engine, no torch)."""
