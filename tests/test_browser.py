@@ -169,7 +169,7 @@ def test_chat_stop_aborts_the_request(pg, server):
     assert stop.is_disabled()
     assert page.locator(f'{CHAT} button:text-is("Send")').is_enabled()
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60   # hang-stopping only
     while True:
         h = get_json(server.base + "/healthz")
         if h["kv"]["free_blocks"] == h["kv"]["total_blocks"] and h["running"] == 0:

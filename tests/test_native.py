@@ -99,3 +99,25 @@ def test_without_a_build_the_engine_runs_python_and_says_so(make_tiny_engine, mo
         assert seq.num_output_tokens > 0
     finally:
         loader.extension.cache_clear()  # the next engine loads the real build again
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """A build killed part-way leaves torch's lock; every later start would wait on it for ever."""
+    import os
+    from core.kernels import loader
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name = loader.build_name()
+    lock = tmp_path / name / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    loader.clear_stale_lock(name, older_than_s=1800)
+    assert lock.exists()                                   # a live build's lock stays
+    os.utime(lock, (0, 0))                                 # dated 1970: no build runs that long
+    loader.clear_stale_lock(name, older_than_s=1800)
+    assert not lock.exists()
+
+
+def test_each_checkout_builds_under_its_own_name():
+    from core.kernels import loader
+    name = loader.build_name()
+    assert name.startswith("sendlens_decoder_") and name == loader.build_name()

@@ -186,7 +186,7 @@ def test_workers_die_with_a_killed_parent():
         assert len(pids) == 2 and all(alive(p) for p in pids)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60   # hang-stopping only
         while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(alive(p) for p in pids)

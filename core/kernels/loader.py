@@ -11,6 +11,7 @@ A leaf: it imports nothing from core, so every layer above may use it.
 """
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -23,6 +24,31 @@ SOURCES = [Path(__file__).resolve().parent / "csrc" / name
                          "f32_matmul.cpp", "q4_matmul.cpp", "q8_matmul.cpp")]
 
 
+def build_name() -> str:
+    """The extension's name, one per checkout. torch keeps one build folder per name, and its build
+    commands name the sources' paths: two clones (or git worktrees) on one machine sharing a name
+    would rebuild each other's objects, minutes each time."""
+    where = hashlib.sha256(str(SOURCES[0].parent).encode()).hexdigest()[:10]
+    return f"sendlens_decoder_{where}"
+
+
+def clear_stale_lock(name: str, older_than_s: float = 1800) -> None:
+    """A build killed part-way (Ctrl-C during the first `make serve`) leaves torch's lock file in
+    the build folder, and every later start would wait on it for ever. No build here runs longer
+    than `older_than_s`, so an older lock belongs to no live build: remove it, and say so."""
+    import time
+    from torch.utils import cpp_extension
+    lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > older_than_s:
+        log.warning("removing a stale build lock %s (%.0f minutes old: a build was killed part-way)",
+                    lock, age / 60)
+        lock.unlink(missing_ok=True)
+
+
 @functools.cache
 def extension():
     """The compiled module, or None (with the reason logged once) if it cannot be built here."""
@@ -32,7 +58,9 @@ def extension():
         if shutil.which("ninja") is None and shutil.which("ninja", path=venv_bin):
             os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
         log.info("loading the C++ decoder (built on first use, which takes minutes; cached after)")
-        return cpp_extension.load(name="sendlens_decoder", sources=[str(p) for p in SOURCES],
+        name = build_name()
+        clear_stale_lock(name)
+        return cpp_extension.load(name=name, sources=[str(p) for p in SOURCES],
                                   extra_cflags=["-O3", "-march=native", "-fopenmp"],
                                   extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build: Python does the same work

@@ -110,7 +110,9 @@ def test_a_run_is_one_point_consistent_with_its_arrivals(ws):
     check_point(one, 100, 1, 8)
     # one at a time: every request needs its own prefill step and output − 1 decode steps
     assert one["steps"] >= 8 * one["output_tokens"]
-    assert one["ttft_p99_ms"] > r["ttft_p99_ms"], "one slot makes later arrivals wait longer"
+    # four slots: requests that overlap share steps, so the same work takes fewer steps and the later
+    # arrivals wait fewer of them (a count: a busy machine only makes them overlap more)
+    assert r["steps"] < one["steps"], "one slot makes later arrivals wait longer"
 
 
 @pytest.mark.real_model
