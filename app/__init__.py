@@ -38,26 +38,11 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     app.register_blueprint(benchmark.bp)
     live.sock.init_app(app)
 
-    from .sections import BADGES, facts
+    from .facts import facts
+    from .sections import BADGES
     from .widgets import BY_NAME
 
-    app.jinja_env.filters["inline_links"] = inline_links
     app.context_processor(lambda: {"badges": BADGES, "built": BY_NAME,
                                    "facts": facts(app.extensions["sendlens"].facts())})
     return app
 
-
-def inline_links(text: str):
-    """Escape prose and turn [words](#slug) into links to sections of the page, and [words](/path)
-    into links to another page of this site (never //host, which would leave it)."""
-    import re
-
-    from markupsafe import Markup, escape
-
-    out, last = [], 0
-    for m in re.finditer(r"\[([^\]]+)\]\((#[a-z0-9-]+|/(?!/)[a-z0-9/-]*)\)", text):
-        out.append(escape(text[last:m.start()]))
-        out.append(Markup('<a href="{}">{}</a>').format(m.group(2), m.group(1)))
-        last = m.end()
-    out.append(escape(text[last:]))
-    return Markup("").join(out)

@@ -8,15 +8,15 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from markupsafe import Markup
 
-from app import create_app, inline_links
+from app import create_app
 from app.config import ServerConfig
-from app.sections import BADGES, SECTIONS, facts
+from app.facts import facts
+from app.sections import BADGES, SECTIONS
 from app.widgets import BY_NAME
 from core.errors import InvalidParameter
 
-# The contract of /work/shared/OUTLINE.md: (number, section title, widget names), in page order.
+# The walkthrough's outline: (number, section title, widget names), in page order.
 OUTLINE = [
     (1, "What happens when you press Send", ("chat",)),
     (2, "Tokens", ("tokenizer",)),
@@ -172,7 +172,7 @@ def test_healthz_reports_engine_and_kv_pool(client, app):
 
 # ---- / ---------------------------------------------------------------------------------------
 def test_app_sections_follow_the_outline():
-    """The app's own table of sections is the OUTLINE's, in order, with unique anchors."""
+    """The sections read from content/ are the outline's, in order, with unique anchors."""
     assert [(s.number, s.title, s.widgets) for s in SECTIONS] == OUTLINE
     slugs = [s.slug for s in SECTIONS]
     assert len(set(slugs)) == len(slugs) == 23
@@ -448,51 +448,3 @@ def test_create_app_refuses_a_bad_config():
     with pytest.raises(InvalidParameter) as info:
         create_app({"model": "tiny", "max_connections": -5})
     assert info.value.param == "max_connections"
-
-
-# ---- the inline_links filter -----------------------------------------------------------------
-def test_inline_links_escapes_html():
-    out = inline_links('<script>alert("x")</script> & <b>bold</b>')
-    assert isinstance(out, Markup)
-    assert "<script>" not in out and "<b>" not in out
-    assert "&lt;script&gt;" in out and "&amp;" in out and "&lt;b&gt;" in out
-
-
-def test_inline_links_makes_section_links():
-    out = inline_links("See [the KV cache](#kv-cache) and [tokens](#tokenizer).")
-    assert str(out) == 'See <a href="#kv-cache">the KV cache</a> and <a href="#tokenizer">tokens</a>.'
-
-
-def test_inline_links_makes_links_to_pages_of_this_site():
-    out = inline_links("See [the benchmark](/benchmark) and [the KV cache](#kv-cache).")
-    assert str(out) == 'See <a href="/benchmark">the benchmark</a> and <a href="#kv-cache">the KV cache</a>.'
-
-
-def test_inline_links_escapes_inside_and_around_links():
-    out = str(inline_links('<i>[<img src=x onerror=alert(1)>](#chat)</i>'))
-    assert "<img" not in out and "<i>" not in out
-    assert '<a href="#chat">&lt;img src=x onerror=alert(1)&gt;</a>' in out
-
-
-@pytest.mark.parametrize("text", [
-    "[x](javascript:alert(1))",
-    '[x](#a" onmouseover="alert(1))',
-    "[x](#UPPER)",
-    "[x](http://example.com)",
-    "[x](//example.com)",
-    "[x](//evil)",
-    "[x](/Upper)",
-    '[x](/a" onclick="alert(1))',
-])
-def test_inline_links_only_link_section_slugs(text):
-    out = str(inline_links(text))
-    assert "<a " not in out
-    assert '"' not in out.replace("&#34;", "")  # quotes stay escaped
-    assert "javascript:" not in out or out.startswith("[x](javascript:")
-
-
-def test_inline_links_filter_is_registered(app):
-    assert app.jinja_env.filters["inline_links"] is inline_links
-    with app.app_context():
-        rendered = app.jinja_env.from_string("{{ t|inline_links }}").render(t="<b>[a](#chat)")
-    assert rendered == '&lt;b&gt;<a href="#chat">a</a>'
