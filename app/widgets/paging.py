@@ -17,6 +17,7 @@ import logging
 import time
 
 from .base import Widget, message
+from .seam import view
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,9 @@ def snapshot(engine, window: int, mine: frozenset = frozenset()) -> dict:
     """The pool and every running request's block table, read through the engine's snapshot
     methods (block_tables, kv_stats, kv_pool_map) and summed up; `mine`: the asking reader's
     engine request ids, marked `yours`."""
-    kv = engine.kv_stats()
-    tables = engine.block_tables()
-    pool = engine.kv_pool_map()
+    kv = view(engine).kv_stats()
+    tables = view(engine).block_tables()
+    pool = view(engine).kv_pool_map()
     return {"time": time.time(), "context_window": window, **summarize(kv, tables, pool, window, mine)}
 
 
