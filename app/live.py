@@ -8,7 +8,9 @@ browser. When a browser goes away, its requests are aborted (their KV blocks fre
 dropped.
 
 Handlers answer through a Call: `reply` at once, `job` through the job runner, or `submit` for
-an engine request and the stream of its outputs (the one way a request enters the engine). `abort` {id} is the transport's own message: it stops either kind.
+an engine request and the stream of its outputs (the one way a request enters the engine: it is
+checked, admitted and enqueued in one place, Connection.start_request). `abort` {id} is the
+transport's own message: it stops either kind.
 
 The limits a connection keeps (app/config.py): messages per second (a token bucket), requests,
 jobs and prompt tokens in flight, and bytes queued for a client that does not read (past that it
