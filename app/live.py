@@ -7,8 +7,10 @@ wire; the engine loop's thread only puts items in the connection's outbox and ne
 browser. When a browser goes away, its requests are aborted (their KV blocks freed) and its jobs
 dropped.
 
-Handlers answer through a Call: `reply` at once, `job` through the job runner, or `generate` for
-a stream of engine outputs. `abort` {id} is the transport's own message: it stops either kind.
+Handlers answer through a Call: `reply` at once, `job` through the job runner, or `submit` for
+an engine request and the stream of its outputs (the one way a request enters the engine: it is
+checked, admitted and enqueued in one place, Connection.start_request). `abort` {id} is the
+transport's own message: it stops either kind.
 
 The limits a connection keeps (app/config.py): messages per second (a token bucket), requests,
 jobs and prompt tokens in flight, and bytes queued for a client that does not read (past that it
@@ -92,11 +94,12 @@ class Call:
         """Answer with an error from a callback (a handler itself raises InvalidParameter instead)."""
         self.conn.send(ProtocolError(code, message, param, self.id).as_message())
 
-    def generate(self, seq, format_output, accepted: dict | None = None) -> None:
-        """Run a prepared engine sequence: first `accepted` (a reply of that type) if given, then
+    def submit(self, prompt, params, format_output, accepted=None) -> None:
+        """Run an engine request, the one way in: the prompt (text or token ids) and SamplingParams
+        are validated, the request is admitted (the engine queue's limits, then this connection's)
+        and enqueued. First `accepted(seq)` is sent (an `accepted` reply) if given, then
         format_output(id, out) -> the messages for each engine output (none, to answer only at the end)."""
-        first = None if accepted is None else {"type": "accepted", "id": self.id, **accepted}
-        self.conn.start_request(self, seq, format_output, first)
+        self.conn.start_request(self, prompt, params, format_output, accepted)
 
 
 class Connection:
@@ -260,15 +263,19 @@ class Connection:
                 self.send(message)
 
         runner = self.runtime.jobs
+        canonical = MESSAGE_TYPES[kind].canonical if kind in MESSAGE_TYPES else kind   # an old name shares the cache
         try:
-            runner.submit(self, mid, runner.key(kind, inputs), work, subscriber)
+            runner.submit(self, mid, runner.key(canonical, inputs), work, subscriber)
         except Exception:
             with self.lock:
                 self.jobs.discard(mid)
             raise
 
-    def start_request(self, call: Call, seq, format_output, accepted: dict | None) -> None:
+    def start_request(self, call: Call, prompt, params, format_output, accepted) -> None:
+        """Admit and enqueue one engine request: the engine's queue limits and the prompt's checks
+        (EngineLoop.prepare), then this connection's limits, in that order, once."""
         mid = call.id
+        seq = self.runtime.loop.prepare(prompt, params)
         with self.lock:
             if len(self.requests) >= self.config.max_requests_per_connection:
                 raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
@@ -283,7 +290,7 @@ class Connection:
             self.requests[mid] = seq.request_id
             self.request_tokens[mid] = seq.num_prompt_tokens
         if accepted is not None:
-            self.send(accepted)  # before any output can be queued
+            self.send({"type": "accepted", "id": mid, **accepted(seq)})  # before any output can be queued
 
         def listener(out) -> None:  # on the engine loop's thread: only queue it
             if out.finished:

@@ -4,7 +4,7 @@ Adding a widget: write app/widgets/<name>.py (its WIDGET: message types, checks,
 static/js/widgets/<name>.js (`mount(root, ctx)` returning an unmount), static/css/widgets/<name>.css
 (scoped to `[data-widget="<name>"]`) and tests/widgets/test_<name>.py, then add its module to
 WIDGETS below. Nothing else changes: the page, the embeds, the websocket and the docs check read
-this list.
+this list. A widget imports seam.py and base.py, never another widget (tests/widgets/test_seam.py).
 """
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
@@ -36,7 +36,8 @@ WIDGETS = [
 ]
 
 BY_NAME = {w.name: w for w in WIDGETS}
-MESSAGE_TYPES = {m.type: m for w in WIDGETS for m in w.messages}  # message type -> its handler
+MESSAGE_TYPES = {m.type: m for w in WIDGETS for m in w.messages}  # message type (or old name) -> its handler
+ALIASES = {t: m.alias_of for t, m in MESSAGE_TYPES.items() if m.alias_of}  # old name -> current name
 
 
 def _check_unique() -> None:

@@ -30,6 +30,7 @@ from core.inspect import probes
 
 from ..jobs import Progress
 from .base import Widget, encode, message, required, text
+from .seam import token_list
 
 MAX_CELLS = 65_536          # numbers in one reply's matrices, all heads together (lower triangles)
 DIGITS = 6                  # decimals kept in a reply (weights are probabilities; 1e-6 is far below what shows)
@@ -154,10 +155,6 @@ def head_summary(weights: torch.Tensor) -> dict:
     previous = weights.diagonal(offset=-1, dim1=1, dim2=2).mean(-1) if T > 1 else torch.zeros(weights.shape[0])
     return {"sink_weight": [round(float(v), DIGITS) for v in sink],
             "previous_weight": [round(float(v), DIGITS) for v in previous]}
-
-
-def token_list(tokenizer, ids: list[int]) -> list[dict]:
-    return [{"id": i, "text": t} for i, t in zip(ids, tokenizer.token_texts(ids))]
 
 
 # ---- the handlers -------------------------------------------------------------------------------

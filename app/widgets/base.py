@@ -4,11 +4,16 @@ A widget module (app/widgets/<name>.py) defines `WIDGET = Widget(name, messages=
 MessageType names the fields a client message of that type may carry (besides "type" and "id")
 and a handler `handle(call)`, run on the connection's reader thread. The handler validates the
 message (raising core.errors.InvalidParameter with the field's name) and answers through the
-Call: at once (`call.reply`), as a job run fairly beside serving (`call.job`), or as a stream of
-engine outputs (`call.generate`, for chat). Connection (app/live.py) only dispatches.
+Call: at once (`call.reply`), as a job run fairly beside serving (`call.job`), or as an engine
+request and the stream of its outputs (`call.submit`, for chat). Connection (app/live.py) only
+dispatches. What several widgets share lives in seam.py; a widget never imports another widget.
+
+Message types are snake_case (docs/protocol.md, "Names"). A type renamed to that case stays
+accepted under its old name for one release: `alias(old, of=message)` registers the old name with
+the same fields and handler; the reply carries the type the client sent.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from core.errors import InvalidParameter, is_int
@@ -21,6 +26,12 @@ class MessageType:
     handle: Callable[["object"], None]  # handle(call: app.live.Call): validate, then answer
     job: bool = False                # answered through the job runner (counts toward the job limits)
     request: bool = False            # runs an engine request (counts toward max_requests_per_connection)
+    alias_of: str | None = None      # an old name: the type it stands for (accepted for one release)
+
+    @property
+    def canonical(self) -> str:
+        """The type's current name (itself, unless this is an old name kept as an alias)."""
+        return self.alias_of or self.type
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,11 @@ class Widget:
 
 def message(type: str, fields, handle, job: bool = False, request: bool = False) -> MessageType:
     return MessageType(type, frozenset(fields), handle, job, request)
+
+
+def alias(old: str, of: MessageType) -> MessageType:
+    """The old name of a renamed message type: the same fields and handler, accepted for one release."""
+    return replace(of, type=old, alias_of=of.type)
 
 
 # ---- checks shared by the widgets' handlers ----------------------------------------------------

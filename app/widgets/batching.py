@@ -16,11 +16,7 @@ A step computes at most STEP_TOKENS tokens (chunked prefill: a prompt that does 
 over steps, P in each), so every step is a short slice. One engine step per slice. Steps and idle slots are counts (deterministic); times are measured.
 """
 
-import os
-import platform
 import time
-
-import torch
 
 from core.engine.sampling_params import SamplingParams
 from core.engine.trace import StepKind
@@ -28,6 +24,7 @@ from core.errors import InvalidParameter, is_int
 
 from ..jobs import Progress
 from .base import Widget, integer, message
+from .seam import machine, remeasure, step_until_finished, with_progress
 
 MAX_REQUESTS = 8
 MAX_PROMPT = 64
@@ -46,12 +43,12 @@ def batching(call) -> None:
     msg = call.msg
     workload = requests(msg)
     slots = integer(msg, "slots", 1, MAX_SLOTS, default=3)
-    run = integer(msg, "run", 0, 1_000_000, default=0)
+    again = remeasure(msg)
     prompts = prompt_ids(call.tokenizer, workload)
 
     def work(engine):
         return (yield from compare(engine, prompts, [out for _, out in workload], slots))
-    call.job({"requests": workload, "slots": slots, "run": run}, work)
+    call.job({"requests": workload, "slots": slots, "remeasure": again}, work)
 
 
 def requests(msg: dict) -> list[list[int]]:
@@ -93,24 +90,20 @@ def run_mode(engine, mode: str, prompts, outputs, slots: int, total: int, done: 
     """The workload on a fresh sibling engine with `mode` scheduling, one step per slice."""
     bs = engine.view.config.block_size
     blocks = sum(-(-(len(p) + n) // bs) for p, n in zip(prompts, outputs)) + 2   # room for all: no preemption
-    exp = engine.sibling(scheduling=mode, max_num_seqs=slots, num_kv_blocks=blocks,
+    sibling = engine.sibling(scheduling=mode, max_num_seqs=slots, num_kv_blocks=blocks,
                          max_num_batched_tokens=STEP_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True, trace_steps=4096)
-    ids = [exp.add_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)).request_id
+    ids = [sibling.add_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)).request_id
            for p, n in zip(prompts, outputs)]
     index = {rid: i for i, rid in enumerate(ids)}
-    finished = {}
-    while exp.has_unfinished_requests():
-        for out in exp.step():
-            if out.finished:
-                finished[out.request_id] = out
-        yield Progress(min(done + exp.view.num_steps, total), total, f"{mode} batching: step {exp.view.num_steps}")
-    return summarize(exp, ids, index, finished, slots)
+    finished = yield from with_progress(step_until_finished(sibling, ids), lambda: Progress(
+        min(done + sibling.view.num_steps, total), total, f"{mode} batching: step {sibling.view.num_steps}"))
+    return summarize(sibling, ids, index, finished, slots)
 
 
-def summarize(exp, ids, index, finished, slots: int) -> dict:
+def summarize(sibling, ids, index, finished, slots: int) -> dict:
     rows, clock, done_at = [], 0.0, {}
-    for t in exp.view.trace:
+    for t in sibling.view.trace:
         clock += t.duration_s
         cells = [cell(s, index) for s in t.slots] + [None] * (slots - len(t.slots))
         rows.append({"step": t.step, "ms": round(1000 * t.duration_s, 3), "cells": cells})
@@ -136,12 +129,6 @@ def cell(work, index: dict) -> dict | None:
     if work.kind == StepKind.PREFILL:
         return {"request": req, "kind": "prefill", "label": "P", "tokens": work.num_tokens}
     return {"request": req, "kind": "decode", "label": f"D{work.output_index}", "tokens": work.num_tokens}
-
-
-def machine(started: float) -> dict:
-    return {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))}
 
 
 WIDGET = Widget("batching", messages=(message("batching", {"requests", "slots", "run"}, batching, job=True),))

@@ -3,39 +3,16 @@
 Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, seed, stop} ->
 `accepted`, then `token` per token and `done` (finish reason, cached tokens, timings and the
 request's timeline of engine steps); `template` {messages} -> the chat template's tokens, each
-labelled with where it came from. The stepper of section 7 (`generation`) reuses `chat_prompt`.
+labelled with where it came from. The prompt comes from the seam's `chat_prompt`, as the stepper's
+of section 7 (`generation`) does.
 """
 
 from core.engine.outputs import RequestOutput
 from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter, is_int
-from core.model.tokenizer import validate_messages
 
 from .base import Widget, message
-from .tokenizer import pieces
-
-
-def chat_messages(msg: dict, config) -> list[dict]:
-    if "messages" not in msg:
-        raise InvalidParameter("messages", "is required")
-    messages = validate_messages(msg["messages"])
-    if len(messages) > config.max_messages:
-        raise InvalidParameter("messages", f"has {len(messages)} messages; the most this server takes is "
-                                           f"{config.max_messages} (max_messages)")
-    return messages
-
-
-def chat_prompt(call) -> str:
-    """The prompt of a message with either `messages` (rendered by the chat template) or `prompt`."""
-    msg = call.msg
-    has_messages, has_prompt = "messages" in msg, "prompt" in msg
-    if has_messages == has_prompt:
-        raise InvalidParameter("messages", "give either messages or prompt, not both or neither")
-    if has_prompt:
-        if not isinstance(msg["prompt"], str) or not msg["prompt"]:
-            raise InvalidParameter("prompt", "must be a non-empty string")
-        return msg["prompt"]
-    return call.tokenizer.apply_chat_template(chat_messages(msg, call.config))
+from .seam import chat_messages, chat_prompt, ms, pieces
 
 
 def sampling_params(msg: dict, config, **extra) -> SamplingParams:
@@ -51,10 +28,6 @@ def sampling_params(msg: dict, config, **extra) -> SamplingParams:
         stop=msg.get("stop"),
         **extra,
     )
-
-
-def ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
 
 
 def token_message(mid, out: RequestOutput) -> dict:
@@ -108,8 +81,7 @@ def stream_messages(tokenizer):
 def generate(call) -> None:
     prompt = chat_prompt(call)
     params = sampling_params(call.msg, call.config)
-    seq = call.runtime.loop.prepare(prompt, params)
-    call.generate(seq, stream_messages(call.tokenizer), accepted={
+    call.submit(prompt, params, stream_messages(call.tokenizer), accepted=lambda seq: {
         "prompt_tokens": seq.num_prompt_tokens, "max_tokens": params.max_tokens,
         "context_window": call.info["context_window"]})
 

@@ -19,7 +19,7 @@ engine also shrinks chunks deep into a long prompt, `chunk_context_tokens`; at t
 lengths that would blur the picture without changing it). Each decoder's ITLs come from its own token times
 (RequestOutput.metrics), each step's token counts from the engine's step trace.
 
-Message: `chunked-prefill` {decoders, prompt_tokens, budget, run} -> a job (cached by its inputs;
+Message: `chunked_prefill` (old name `chunked-prefill`) {decoders, prompt_tokens, budget, run} -> a job (cached by its inputs;
 `run` is the reader's "measure again" counter). The largest slice is the unchunked run's prefill
 step, by design: that step is the stall being shown, so prompt_tokens is capped at MAX_PROMPT.
 """
@@ -28,13 +28,12 @@ from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
 
 from ..jobs import EXCLUSIVE, Progress
-from .base import Widget, integer, message
-from .phases import machine, ms, prompt_ids
+from .base import Widget, alias, integer, message
+from .seam import filler_ids, machine, ms, remeasure, run_request
 
 MIN_PROMPT, MAX_PROMPT, DEFAULT_PROMPT = 32, 512, 256   # the long prompt (its unchunked step is one slice)
 MAX_DECODERS, DEFAULT_DECODERS = 8, 4
 MIN_BUDGET, MAX_BUDGET, DEFAULT_BUDGET = 16, 256, 64   # always more than MAX_DECODERS
-MAX_RUN = 1_000_000
 DECODER_PROMPT = 8        # tokens of each decoder's own short prompt
 WARM_STEPS = 4            # decode steps before the long prompt arrives
 AFTER_STEPS = 4           # decode steps after its first token
@@ -50,15 +49,14 @@ def chunked_prefill(call) -> None:
     if budget >= prompt_tokens:
         raise InvalidParameter("budget", f"must be less than prompt_tokens ({prompt_tokens}) for the prompt "
                                          f"to be cut into chunks, got {budget}")
-    run = integer(msg, "run", 0, MAX_RUN, default=0)
-    inputs = {"decoders": decoders, "prompt_tokens": prompt_tokens, "budget": budget, "run": run}
+    inputs = {"decoders": decoders, "prompt_tokens": prompt_tokens, "budget": budget, "remeasure": remeasure(msg)}
 
     def work(engine):
         return (yield from chunked_prefill_job(engine, **inputs))
     call.job(inputs, work)
 
 
-def chunked_prefill_job(engine, decoders: int, prompt_tokens: int, budget: int, run: int):
+def chunked_prefill_job(engine, decoders: int, prompt_tokens: int, budget: int, remeasure: int):
     per_run = WARM_STEPS + 2 + -(-prompt_tokens // max(1, budget - decoders)) + AFTER_STEPS
     total = 2 * per_run
     done = 0
@@ -76,7 +74,7 @@ def chunked_prefill_job(engine, decoders: int, prompt_tokens: int, budget: int, 
                 continue
             done = min(done + 1, total - 1)
             yield Progress(done, total, f"{mode}: a {prompt_tokens}-token prompt beside {decoders} decoders")
-    return {"machine": machine(), "run": run, "decoders": decoders, "prompt_tokens": prompt_tokens,
+    return {"machine": machine(), "run": remeasure, "decoders": decoders, "prompt_tokens": prompt_tokens,
             "budget": budget, "runs": runs,
             "max_itl_ms_unchunked": runs["unchunked"]["max_itl_ms"],
             "max_itl_ms_chunked": runs["chunked"]["max_itl_ms"]}
@@ -87,45 +85,42 @@ def run_scenario(engine, decoders: int, prompt_tokens: int, step_budget: int, ch
     block = engine.view.config.block_size
     tokens_each = DECODER_PROMPT + WARM_STEPS + AFTER_STEPS + prompt_tokens + 8   # room to decode throughout
     blocks = decoders * -(-tokens_each // block) + -(-(prompt_tokens + 2) // block) + 2
-    exp = engine.sibling(num_kv_blocks=blocks, max_num_seqs=decoders + 1, max_num_batched_tokens=step_budget,
+    sibling = engine.sibling(num_kv_blocks=blocks, max_num_seqs=decoders + 1, max_num_batched_tokens=step_budget,
                          enable_chunked_prefill=chunked, enable_prefix_caching=False,
                          chunk_context_tokens=0)   # the textbook budget in tokens (the server also weighs context)
     params = SamplingParams(temperature=0.0, max_tokens=tokens_each - DECODER_PROMPT, ignore_eos=True)
-    warm = exp.add_request(prompt_ids(exp.view.tokenizer, 4), SamplingParams(temperature=0.0, max_tokens=2))
-    while not warm.is_finished:              # first calls pay setup: not part of the measurement
-        exp.step()
-    yield
-    seqs = [exp.add_request((exp.view.tokenizer.encode(DECODER_TEXTS[i]) * DECODER_PROMPT)[:DECODER_PROMPT], params)
+    yield from run_request(sibling, filler_ids(sibling.view.tokenizer, 4), 2, ignore_eos=False)  # first calls pay setup
+    seqs = [sibling.add_request((sibling.view.tokenizer.encode(DECODER_TEXTS[i]) * DECODER_PROMPT)[:DECODER_PROMPT], params)
             for i in range(decoders)]
     while min(len(s.metrics.token_times) for s in seqs) < WARM_STEPS + 1:
-        exp.step()
+        sibling.step()
         yield
-    first_step = exp.view.num_steps
-    long = exp.add_request(prompt_ids(exp.view.tokenizer, prompt_tokens), SamplingParams(temperature=0.0, max_tokens=1))
+    first_step = sibling.view.num_steps
+    long = sibling.add_request(filler_ids(sibling.view.tokenizer, prompt_tokens), SamplingParams(temperature=0.0, max_tokens=1))
     arrival = long.metrics.arrival_time
     while not long.is_finished:
         if not chunked and long.num_computed_tokens == 0:
             yield EXCLUSIVE                  # this step prefills the whole prompt: a long slice
-        exp.step()
+        sibling.step()
         yield
     for _ in range(AFTER_STEPS):
-        exp.step()
+        sibling.step()
         yield
     for s in seqs:
-        exp.abort(s.request_id)
-    return scenario_result(exp, seqs, long, arrival, first_step, step_budget, chunked)
+        sibling.abort(s.request_id)
+    return scenario_result(sibling, seqs, long, arrival, first_step, step_budget, chunked)
 
 
-def scenario_result(exp, seqs, long, arrival: float, first_step: int, step_budget: int, chunked: bool) -> dict:
+def scenario_result(sibling, seqs, long, arrival: float, first_step: int, step_budget: int, chunked: bool) -> dict:
     """Each decoder's gaps (time of the token since the long prompt's arrival, gap before it)
     and each step of the run from the engine's trace."""
     decoders = []
     for s in seqs:
         t = s.metrics.token_times
         decoders.append([{"t_ms": ms(b - arrival), "itl_ms": ms(b - a)} for a, b in zip(t, t[1:])])
-    steps = [{"step": st.step, "t_ms": ms(st.start_s + exp.view.start_time - arrival), "ms": ms(st.duration_s),
+    steps = [{"step": st.step, "t_ms": ms(st.start_s + sibling.view.start_time - arrival), "ms": ms(st.duration_s),
               "prefill_tokens": st.num_prefill_tokens, "decode_tokens": st.num_decode_tokens}
-             for st in exp.view.trace if st.step >= first_step]
+             for st in sibling.view.trace if st.step >= first_step]
     return {"chunked": chunked, "step_budget": step_budget, "decoders": decoders, "steps": steps,
             "decoder_prompts": [s.token_ids[:s.num_prompt_tokens] for s in seqs],
             "decoder_tokens": [s.output_token_ids for s in seqs],       # greedy: the same in both runs
@@ -136,6 +131,5 @@ def scenario_result(exp, seqs, long, arrival: float, first_step: int, step_budge
             "long_ttft_ms": ms(long.metrics.ttft_s)}
 
 
-WIDGET = Widget("chunked-prefill", messages=(
-    message("chunked-prefill", {"decoders", "prompt_tokens", "budget", "run"}, chunked_prefill, job=True),
-))
+MESSAGE = message("chunked_prefill", {"decoders", "prompt_tokens", "budget", "run"}, chunked_prefill, job=True)
+WIDGET = Widget("chunked-prefill", messages=(MESSAGE, alias("chunked-prefill", of=MESSAGE)))

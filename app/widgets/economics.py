@@ -2,7 +2,7 @@
 one user. A dense model and a DeepSeek-V3-like MoE, priced per million output tokens against the
 number of concurrent users, on hardware figures the reader edits (defaults: an H100 SXM-like GPU,
 assumed). The cost model is app/lab/economics.py (a roofline per decode step); this module turns
-the KV-memory widget's presets (app/widgets/kv_memory.py, from each model's public config.json)
+the KV-memory widget's presets (app/presets.py, from each model's public config.json)
 into its model shapes, checks the reader's inputs, and runs the curves as a job.
 
 Shapes (sources in static/data/models.json): DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437):
@@ -25,7 +25,7 @@ from core.errors import InvalidParameter
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number
-from .kv_memory import DTYPES, PRESETS, kv_bytes_per_token
+from ..presets import DTYPES, PRESETS, kv_bytes_per_token
 
 MAX_CONCURRENCY = 16384
 MAX_CONTEXT = 131072

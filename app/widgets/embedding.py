@@ -16,10 +16,9 @@ import torch
 
 from core.errors import InvalidParameter, is_int
 
-from app.jobs import Progress
-
+from ..jobs import Progress
 from .base import Widget, encode, integer, message, rounded
-from .tokenizer import lone_piece, pieces
+from .seam import lone_piece, pieces
 
 MAX_K = 50
 DEFAULT_K = 10

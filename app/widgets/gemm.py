@@ -32,13 +32,12 @@ from core.errors import InvalidParameter, is_int
 from core.model.linear import PackedLinear, PackedQ8_0
 
 from ..jobs import EXCLUSIVE, Progress
-from .base import Widget, integer, message
-from .phases import machine, read_bandwidth
+from .base import Widget, message
+from .seam import machine, read_bandwidth, remeasure
 
 ROWS = tuple(1 << i for i in range(9))      # 1, 2, 4, ... 256
 FORMATS = ("fp32", "bf16", "q4_1")
 DEFAULT_FORMAT, DEFAULT_MAX_ROWS = "fp32", 256
-MAX_RUN = 1_000_000
 REPEATS = 5          # timed calls per point, best of: the machine is shared
 SLICE_S = 0.05       # a point's repeats stop early past this much time in its slice (one call at least)
 TRIES = 3            # bandwidth and peak: best of, one per slice
@@ -64,15 +63,14 @@ def gemm(call) -> None:
     max_rows = msg.get("max_rows", DEFAULT_MAX_ROWS)
     if not is_int(max_rows) or max_rows not in ROWS or max_rows < 64:
         raise InvalidParameter("max_rows", f"must be one of {[r for r in ROWS if r >= 64]}, got {max_rows!r}")
-    run = integer(msg, "run", 0, MAX_RUN, default=0)
-    inputs = {"format": fmt, "max_rows": max_rows, "run": run}
+    inputs = {"format": fmt, "max_rows": max_rows, "remeasure": remeasure(msg)}
 
     def work(engine):
         return (yield from gemm_job(engine, **inputs))
     call.job(inputs, work)
 
 
-def gemm_job(engine, format: str, max_rows: int, run: int):
+def gemm_job(engine, format: str, max_rows: int, remeasure: int):
     shapes = layer_shapes(engine.view.model_config)
     rows = [r for r in ROWS if r <= max_rows]
     total = len(shapes) * len(rows) + 2 * TRIES
@@ -96,7 +94,7 @@ def gemm_job(engine, format: str, max_rows: int, run: int):
         peak = max(peak, matmul_peak(format))
         done += 1
         yield Progress(done, total, f"{format} matmul peak")
-    return summary(format, max_rows, run, shapes, points, bandwidth, peak)
+    return summary(format, max_rows, remeasure, shapes, points, bandwidth, peak)
 
 
 def product(format: str, shape: dict):
@@ -159,7 +157,7 @@ def knee(shape: dict, weight_bytes: int, balance: float) -> float | None:
     return balance * weight_bytes / denominator if denominator > 0 else None
 
 
-def summary(format, max_rows, run, shapes, points, bandwidth: float, peak: float) -> dict:
+def summary(format, max_rows, remeasure, shapes, points, bandwidth: float, peak: float) -> dict:
     balance = peak / bandwidth                                     # FLOPs per byte at the ridge
     for shape in shapes:
         mine = [p for p in points if p["shape"] == shape["name"]]
@@ -168,7 +166,7 @@ def summary(format, max_rows, run, shapes, points, bandwidth: float, peak: float
         by_rows = {p["rows"]: p for p in mine}
         shape["speedup_64"] = by_rows[64]["rows_per_s"] / by_rows[1]["rows_per_s"]
     main = next(s for s in shapes if s["name"] == "gate/up")       # the model's largest per-layer product
-    return {"machine": machine(), "run": run, "format": format, "max_rows": max_rows, "repeats": REPEATS,
+    return {"machine": machine(), "run": remeasure, "format": format, "max_rows": max_rows, "repeats": REPEATS,
             "shapes": shapes, "points": points, "bandwidth_gb_s": bandwidth / 1e9, "peak_gflops": peak / 1e9,
             "machine_balance": balance, "knee_rows": main["knee_rows"], "knee_shape": main["name"],
             "speedup_64": main["speedup_64"]}

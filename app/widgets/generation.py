@@ -23,7 +23,7 @@ from core.engine.sampling_params import MAX_SEED, MAX_TOP_CANDIDATES, SamplingPa
 from core.errors import InvalidParameter, is_int
 
 from .base import Widget, integer, message
-from .chat import chat_prompt
+from .seam import chat_prompt
 
 DEFAULT_TOP = 10
 
@@ -106,7 +106,6 @@ def next_token(call) -> None:
     tokens = chosen_tokens(call.msg, call.info["vocab_size"], call.config.max_tokens_limit)
     top = integer(call.msg, "top", 1, MAX_TOP_CANDIDATES, default=DEFAULT_TOP)
     params = step_params(call.msg, len(tokens), top)
-    seq = call.runtime.loop.prepare(prompt + tokens, params)
     tokenizer, block_size = call.tokenizer, call.info["block_size"]
 
     def answer(mid, out: RequestOutput) -> list[dict]:   # on the writer thread, once per engine output
@@ -119,7 +118,7 @@ def next_token(call) -> None:
         return [{"type": "next_token", "id": mid,
                  **step_reply(out, tokenizer, prompt, tokens, top, params, block_size)}]
 
-    call.generate(seq, answer)
+    call.submit(prompt + tokens, params, answer)
 
 
 WIDGET = Widget("generation", messages=(

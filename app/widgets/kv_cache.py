@@ -27,8 +27,9 @@ from core.errors import InvalidParameter
 
 from ..jobs import Progress
 from .base import Widget, encode, integer, message, text
-from .phases import CHUNK_TOKENS, MAX_RUN, machine, ms, run_request, with_progress
+from .seam import machine, ms, remeasure, run_request, with_progress
 
+CHUNK_TOKENS = 32             # prefill tokens per engine step (chunked prefill): one slice
 MAX_PROMPT_TOKENS = 128        # the prompt: bounded so the uncached steps stay short slices
 MAX_TOKENS = 64                # tokens generated: the uncached side costs ~N^2 / 2 token passes
 DEFAULT_MAX_TOKENS = 16
@@ -40,23 +41,22 @@ def kv_cache(call) -> None:
         raise InvalidParameter("text", f"is {len(ids)} tokens; this comparison takes at most "
                                        f"{MAX_PROMPT_TOKENS} (each uncached step recomputes them all)")
     max_tokens = integer(call.msg, "max_tokens", 1, MAX_TOKENS, default=DEFAULT_MAX_TOKENS)
-    run = integer(call.msg, "run", 0, MAX_RUN, default=0)
-    inputs = {"ids": ids, "max_tokens": max_tokens, "run": run}
+    inputs = {"ids": ids, "max_tokens": max_tokens, "remeasure": remeasure(call.msg)}
 
     def work(engine):
         return (yield from compare_job(engine, **inputs))
     call.job(inputs, work)
 
 
-def compare_job(engine, ids: list[int], max_tokens: int, run: int):
+def compare_job(engine, ids: list[int], max_tokens: int, remeasure: int):
     P, N = len(ids), max_tokens
     block = engine.view.config.block_size
-    exp = engine.sibling(num_kv_blocks=-(-(P + N + 1) // block) + 1, max_num_seqs=1,
+    sibling = engine.sibling(num_kv_blocks=-(-(P + N + 1) // block) + 1, max_num_seqs=1,
                          max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True)
     # slices: the warm-up; the cached run's prefill chunks and N - 1 decodes; the uncached prefills
     total = 1 + -(-P // CHUNK_TOKENS) + N - 1 + sum(-(-(P + i) // CHUNK_TOKENS) for i in range(N))
-    for _ in run_request(exp, ids[:1], 1):           # warm-up: the first calls pay for setup
+    for _ in run_request(sibling, ids[:1], 1):           # warm-up: the first calls pay for setup
         yield None
     count = itertools.count(2)
 
@@ -65,7 +65,7 @@ def compare_job(engine, ids: list[int], max_tokens: int, run: int):
 
     # With the cache: one request. Generation step 1 is the prompt's prefill (in chunks of
     # CHUNK_TOKENS, one engine step per slice), then each step is one decode of one token.
-    cached = yield from with_progress(run_request(exp, ids, N), step_note("with the cache"))
+    cached = yield from with_progress(run_request(sibling, ids, N), step_note("with the cache"))
     steps = cached.metrics.steps
     prefill = [s for s in steps if s.kind == StepKind.PREFILL]
     with_cache = [step_work(prefill)] + [step_work([s]) for s in steps if s.kind == StepKind.DECODE]
@@ -73,11 +73,11 @@ def compare_job(engine, ids: list[int], max_tokens: int, run: int):
     # Without: every step a fresh request over everything so far, asking for one token.
     generated, without_cache = [], []
     for i in range(N):
-        out = yield from with_progress(run_request(exp, ids + generated, 1),
+        out = yield from with_progress(run_request(sibling, ids + generated, 1),
                                        step_note(f"without the cache: step {i + 1} of {N}"))
         generated.append(out.token_ids[0])
         without_cache.append(step_work(out.metrics.steps))
-    return summary(exp.view.tokenizer, ids, list(cached.token_ids), generated, with_cache, without_cache, run)
+    return summary(sibling.view.tokenizer, ids, list(cached.token_ids), generated, with_cache, without_cache, remeasure)
 
 
 def step_work(steps) -> dict:
@@ -86,11 +86,11 @@ def step_work(steps) -> dict:
 
 
 def summary(tokenizer, ids: list[int], cached: list[int], uncached: list[int], with_cache: list[dict],
-            without_cache: list[dict], run: int) -> dict:
+            without_cache: list[dict], remeasure: int) -> dict:
     with_ms = sum(s["ms"] for s in with_cache)
     without_ms = sum(s["ms"] for s in without_cache)
     return {
-        "machine": machine(), "run": run, "prompt_tokens": len(ids), "max_tokens": len(cached),
+        "machine": machine(), "run": remeasure, "prompt_tokens": len(ids), "max_tokens": len(cached),
         "prompt": [{"id": i, "text": t} for i, t in zip(ids, tokenizer.token_texts(ids))],
         "with_cache": {"token_ids": cached, "tokens": tokenizer.token_texts(cached),
                        "text": tokenizer.decode(cached), "steps": with_cache},

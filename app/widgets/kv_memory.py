@@ -7,7 +7,7 @@ the one question the browser cannot: what this server's engine really set aside.
 
 The presets (SmolLM2-135M, Llama-3.1-8B and 70B, Mixtral-8x7B, DeepSeek-V3, from each model's
 public config.json) live in one file, static/data/models.json, read by the calculator in the
-browser and here as PRESETS, for the economics widget's sizing (values_per_token, kv_bytes_per_token).
+browser and on the server by app/presets.py (the economics widget's sizing).
 
 Message: `kv_pool` {} -> a one-slice job that reads the engine's KV tensors (their shapes, dtype
 and bytes) and its pool of blocks, and divides: `live_pool_bytes_per_token` = KV tensor bytes /
@@ -15,27 +15,7 @@ token slots (blocks x block size). Cached by its (empty) inputs: the pool never 
 server runs.
 """
 
-import json
-from pathlib import Path
-
 from .base import Widget, message
-
-MODELS_FILE = Path(__file__).resolve().parents[2] / "static" / "data" / "models.json"
-_MODELS = json.loads(MODELS_FILE.read_text())
-PRESETS: dict[str, dict] = _MODELS["presets"]     # name -> shape (keys as in the JSON: layers, kvHeads, head, mla ...)
-DTYPES: dict[str, float] = _MODELS["dtypes"]      # name -> bytes per value
-
-
-def values_per_token(shape: dict) -> int:
-    """Values the KV cache holds per token: K and V for every layer and KV head, or MLA's latent
-    plus RoPE key per layer."""
-    if shape.get("mla"):
-        return shape["layers"] * (shape["mla"]["latent"] + shape["mla"]["rope"])
-    return 2 * shape["layers"] * shape["kvHeads"] * shape["head"]
-
-
-def kv_bytes_per_token(shape: dict, dtype: str) -> float:
-    return values_per_token(shape) * DTYPES[dtype]
 
 
 def kv_pool(call) -> None:

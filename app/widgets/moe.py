@@ -15,7 +15,7 @@ Messages:
   their router probabilities, each expert's load over the whole batch, and how global batches of
   1, 2, 4 ... of these tokens split into per-expert batches (core/model/moe.py's batch_split); and the
   perplexity table stored with the routers (dense against top-k on held-out text).
-- `moe-parallel` {texts, top_k, layer, workers, run} -> a job: the batch's MLP inputs at `layer`
+- `moe_parallel` (old name `moe-parallel`) {texts, top_k, layer, workers, run} -> a job: the batch's MLP inputs at `layer`
   through that layer with its experts split across `workers` processes (core/parallel/expert_parallel.py;
   started through the job runner within max_worker_processes, killed after worker_timeout_s,
   always closed), compared with the layer in this process, the all-to-all exchange timed. `run`
@@ -36,9 +36,8 @@ from core.parallel.workers import start_in_slices, wait_in_slices
 from toy_models import moe as moe_files
 
 from ..jobs import Progress
-from .attention import token_list
-from .base import Widget, integer, message, rounded
-from .phases import machine
+from .base import Widget, alias, integer, message, rounded
+from .seam import machine, remeasure, token_list
 
 TOP_KS = (1, 2, 4, 8, 16)        # the choices, and the perplexity table's columns
 MAX_TEXTS = 8
@@ -47,7 +46,6 @@ SHOWN_TOKENS = 12                # tokens drawn to their experts
 DRAWS = 16                       # random batches per size in the per-expert batch sizes
 WORKERS = (2, 4)                 # expert-parallel processes (they must divide 16 experts)
 REPEATS = 5                      # timed runs of the layer in the workers, after one warm-up
-MAX_RUN = 1_000_000
 
 
 class MoEModel:
@@ -147,12 +145,12 @@ def moe_parallel(call) -> None:
     if workers > call.config.max_worker_processes:
         raise InvalidParameter("workers", f"{workers} is more worker processes than this server allows at once "
                                           f"({call.config.max_worker_processes}, max_worker_processes)")
-    run = integer(msg, "run", 0, MAX_RUN, default=0)
+    again = remeasure(msg)
     budget, timeout_s = call.runtime.workers, call.config.worker_timeout_s
 
     def work(engine):
-        return (yield from parallel_job(engine, ids, k, layer, workers, run, budget, timeout_s))
-    call.job({"texts": msg["texts"], "top_k": k, "layer": layer, "workers": workers, "run": run}, work)
+        return (yield from parallel_job(engine, ids, k, layer, workers, again, budget, timeout_s))
+    call.job({"texts": msg["texts"], "top_k": k, "layer": layer, "workers": workers, "remeasure": again}, work)
 
 
 # -- the jobs ---------------------------------------------------------------------------------
@@ -196,7 +194,7 @@ def route_job(engine, texts: list[list[int]], k: int):
             "perplexity_topk": table["perplexity"][str(k)] if table else None}
 
 
-def parallel_job(engine, texts: list[list[int]], k: int, layer: int, workers: int, run: int, budget, timeout_s):
+def parallel_job(engine, texts: list[list[int]], k: int, layer: int, workers: int, remeasure: int, budget, timeout_s):
     moe = yield from moe_model(engine)
     model = moe.with_top_k(k)
     mlp = model.layers[layer].mlp
@@ -233,11 +231,13 @@ def parallel_job(engine, texts: list[list[int]], k: int, layer: int, workers: in
     r = expert_parallel.summarize(results)
     diff = (r.pop("output") - here).abs().max().item()
     r.pop("pids")
-    return {**r, "layer": layer, "workers": workers, "top_k": k, "run": run, "batch_tokens": x.shape[0],
+    return {**r, "layer": layer, "workers": workers, "top_k": k, "run": remeasure, "batch_tokens": x.shape[0],
             "max_abs_diff": diff, "worker_threads": group.threads, "machine": machine()}
 
 
+PARALLEL = message("moe_parallel", {"texts", "top_k", "layer", "workers", "run"}, moe_parallel, job=True)
 WIDGET = Widget("moe", messages=(
     message("moe", {"texts", "top_k"}, moe, job=True),
-    message("moe-parallel", {"texts", "top_k", "layer", "workers", "run"}, moe_parallel, job=True),
+    PARALLEL,
+    alias("moe-parallel", of=PARALLEL),
 ))

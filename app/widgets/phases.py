@@ -22,48 +22,27 @@ reader's "measure again" counter). The reply carries the machine, its thread cou
 of the measurement. Timings come from the engine's own step records (RequestOutput.metrics).
 """
 
-import datetime
 import itertools
-import os
-import platform
 import statistics
 import time
 
 import torch
 
-from core.engine.sampling_params import SamplingParams
 from core.engine.trace import StepKind
 from core.errors import InvalidParameter, is_int
 
 from ..jobs import Progress
 from .base import Widget, integer, message
+from .seam import filler_ids, machine, ms, read_bandwidth, remeasure, run_request, with_progress
 
 CHUNK_TOKENS = 32                      # prefill tokens per engine step (chunked prefill): one slice
 PROMPT_LENGTHS = tuple(16 << i for i in range(8))   # 16, 32, ... 2,048: the sweep's points
 DEFAULT_MAX_PROMPT = 256
 MAX_DECODE_TOKENS = 128
 DEFAULT_DECODE_TOKENS = 16
-MAX_RUN = 1_000_000
-BANDWIDTH_VALUES = 32 << 20            # 32 Mi float32 = 128 MiB, far past any CPU cache
 MATMUL_SIZE = 1024                     # (N, N) @ (N, N): 2 N^3 FLOPs
 TRIES = 3                              # best of: the machine is shared, the best try is the machine
 PREFILL_TRIES = 2                      # ... and for each prompt of the sweep
-FILLER = ("The river ran past the old mill, where the miller kept his books of grain and weather, "
-          "and every spring the children counted the boats that came down with the melting snow. ")
-
-
-def machine() -> dict:
-    """Where and when a measurement ran: shown beside every measured figure."""
-    return {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(), "system": platform.system(),
-            "torch": torch.__version__,
-            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def prompt_ids(tokenizer, length: int) -> list[int]:
-    """`length` tokens of plain prose (the filler text tokenized and repeated)."""
-    base = tokenizer.encode(FILLER)
-    return (base * (length // len(base) + 1))[:length]
 
 
 def phases(call) -> None:
@@ -75,24 +54,23 @@ def phases(call) -> None:
         raise InvalidParameter("max_prompt", f"must be one of {choices} (the sweep's longest prompt), "
                                              f"got {max_prompt!r}")
     decode_tokens = integer(msg, "decode_tokens", 1, MAX_DECODE_TOKENS, default=DEFAULT_DECODE_TOKENS)
-    run = integer(msg, "run", 0, MAX_RUN, default=0)
-    inputs = {"max_prompt": max_prompt, "decode_tokens": decode_tokens, "run": run}
+    inputs = {"max_prompt": max_prompt, "decode_tokens": decode_tokens, "remeasure": remeasure(msg)}
 
     def work(engine):
         return (yield from phases_job(engine, **inputs))
     call.job(inputs, work)
 
 
-def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
+def phases_job(engine, max_prompt: int, decode_tokens: int, remeasure: int):
     lengths = [n for n in PROMPT_LENGTHS if n <= max_prompt]
     prefill_slices = PREFILL_TRIES * sum(-(-n // CHUNK_TOKENS) for n in lengths)
     total = 1 + prefill_slices + decode_tokens + 2 * TRIES
     block = engine.view.config.block_size
-    exp = engine.sibling(num_kv_blocks=-(-(max_prompt + decode_tokens + 1) // block) + 1, max_num_seqs=1,
+    sibling = engine.sibling(num_kv_blocks=-(-(max_prompt + decode_tokens + 1) // block) + 1, max_num_seqs=1,
                          max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False,
                          enable_chunked_prefill=True, chunk_context_tokens=0)   # CHUNK_TOKENS every step
     yield Progress(0, total, "a fresh engine beside the serving one")
-    for _ in run_request(exp, prompt_ids(exp.view.tokenizer, 16), 1):   # warm-up: first calls pay setup
+    for _ in run_request(sibling, filler_ids(sibling.view.tokenizer, 16), 1):   # warm-up: first calls pay setup
         yield None
     count = itertools.count(2)
 
@@ -103,7 +81,7 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
         tries = []
         for i in range(PREFILL_TRIES):       # the last try of the longest prompt goes on to decode
             max_tokens = decode_tokens + 1 if last and i == PREFILL_TRIES - 1 else 1
-            out = yield from with_progress(run_request(exp, prompt_ids(exp.view.tokenizer, n), max_tokens),
+            out = yield from with_progress(run_request(sibling, filler_ids(sibling.view.tokenizer, n), max_tokens),
                                            lambda: Progress(min(next(count), total), total, note))
             tries.append(prefill_row(out, n))
         prefill.append(min(tries, key=lambda t: t["ms"]))
@@ -113,7 +91,7 @@ def phases_job(engine, max_prompt: int, decode_tokens: int, run: int):
     done = next(count) - 1
     bandwidth = yield from best_of(read_bandwidth, "memory bandwidth", done, total)
     flop_s = yield from best_of(matmul_flop_s, "matmul FLOP/s", done + TRIES, total)
-    return summary(exp, prefill, decode, bandwidth, flop_s, max_prompt, decode_tokens, run)
+    return summary(sibling, prefill, decode, bandwidth, flop_s, max_prompt, decode_tokens, remeasure)
 
 
 def prefill_row(out, n: int) -> dict:
@@ -129,31 +107,6 @@ def decode_rows(out, n: int) -> list[dict]:
     return [{"index": i, "context": n + i, "ms": ms(s.duration_s)} for i, s in enumerate(steps, 1)]
 
 
-def run_request(exp, ids: list[int], max_tokens: int):
-    """Run one greedy request on the experiment engine, one engine step per `next()`; returns its
-    final RequestOutput (whose metrics hold every step's duration and token count)."""
-    seq = exp.add_request(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    final = None
-    while final is None:
-        for out in exp.step():
-            if out.request_id == seq.request_id and out.finished:
-                final = out
-        if final is None and not exp.has_unfinished_requests():
-            raise RuntimeError("the experiment engine stopped before its request finished")
-        yield
-    return final
-
-
-def with_progress(gen, progress):
-    """Drive a step generator, yielding progress() after each step; returns its result."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-        yield progress()
-
-
 def best_of(measure, note: str, done: int, total: int):
     """The best of TRIES runs of measure() (one per slice): the shared machine's least-disturbed run."""
     best = 0.0
@@ -161,15 +114,6 @@ def best_of(measure, note: str, done: int, total: int):
         best = max(best, measure())
         yield Progress(done + i + 1, total, note)
     return best
-
-
-def read_bandwidth() -> float:
-    """Bytes read per second by a sum over BANDWIDTH_VALUES float32 values (memory-bound)."""
-    x = torch.ones(BANDWIDTH_VALUES)                 # (V,) 128 MiB
-    x.sum()                                          # touch the pages first
-    t0 = time.perf_counter()
-    x.sum()
-    return x.nbytes / (time.perf_counter() - t0)
 
 
 def matmul_flop_s() -> float:
@@ -181,12 +125,8 @@ def matmul_flop_s() -> float:
     return 2 * MATMUL_SIZE ** 3 / (time.perf_counter() - t0)
 
 
-def ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
-
-
 def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float, max_prompt: int,
-            decode_tokens: int, run: int) -> dict:
+            decode_tokens: int, remeasure: int) -> dict:
     mc = engine.view.model_config
     num_params = sum(p.numel() for p in engine.view.model.parameters())
     weight_bytes = engine.view.model.decode_weight_bytes()     # in the format the engine multiplies
@@ -196,7 +136,7 @@ def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float
     longest = prefill[-1]
     decode_ms = [d["ms"] for d in decode]
     return {
-        "machine": machine(), "run": run, "max_prompt": max_prompt, "decode_tokens": decode_tokens,
+        "machine": machine(), "run": remeasure, "max_prompt": max_prompt, "decode_tokens": decode_tokens,
         "chunk_tokens": CHUNK_TOKENS, "prefill": prefill, "decode": decode,
         "prefill_tokens_per_s": longest["prompt_tokens"] / (longest["ms"] / 1000.0),
         "decode_step_ms": statistics.median(decode_ms),

@@ -19,13 +19,13 @@ from core.parallel.pipeline import PPSettings, bubble_formula, bubble_measured, 
 from core.parallel.workers import WorkerGroup
 
 from .base import Widget, integer, message
-from .processes import align, run_workers, worker_machine
+from ..processes import align, run_workers
+from .seam import remeasure, worker_machine
 
 MIN_STAGES, MAX_STAGES, DEFAULT_STAGES = 2, 4, 3
 MAX_MICROBATCHES, DEFAULT_MICROBATCHES = 8, 4
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 4, 64, 16     # tokens per microbatch
 SWEEP = (1, 2, 4, 8)                                   # microbatch counts always measured, for the curve
-MAX_RUN = 1_000_000
 THREADS = 1                                            # torch threads per worker
 
 
@@ -41,16 +41,15 @@ def pipeline(call) -> None:
         raise InvalidParameter("stages", f"must be at most the model's {layers} layers, got {stages}")
     microbatches = integer(msg, "microbatches", 1, MAX_MICROBATCHES, default=DEFAULT_MICROBATCHES)
     tokens = integer(msg, "tokens", MIN_TOKENS, MAX_TOKENS, default=DEFAULT_TOKENS)
-    run = integer(msg, "run", 0, MAX_RUN, default=0)
-    inputs = {"stages": stages, "microbatches": microbatches, "tokens": tokens, "run": run}
+    inputs = {"stages": stages, "microbatches": microbatches, "tokens": tokens, "remeasure": remeasure(msg)}
     budget, timeout = call.runtime.workers, call.config.worker_timeout_s
 
     def work(engine):
-        return (yield from pipeline_job(engine, model, layers, stages, microbatches, tokens, run, budget, timeout))
+        return (yield from pipeline_job(engine, model, layers, stages, microbatches, tokens, inputs["remeasure"], budget, timeout))
     call.job(inputs, work)
 
 
-def pipeline_job(engine, model: str, layers: int, stages: int, microbatches: int, tokens: int, run: int,
+def pipeline_job(engine, model: str, layers: int, stages: int, microbatches: int, tokens: int, remeasure: int,
                  budget, timeout: float):
     schedules = tuple(sorted(set(SWEEP) | {microbatches}))
     batch = check_batch(engine.view.tokenizer, max(schedules), tokens)
@@ -67,7 +66,7 @@ def pipeline_job(engine, model: str, layers: int, stages: int, microbatches: int
     chosen = next(r for r in runs if r["microbatches"] == microbatches)
     last = results[-1]
     return {
-        "run": run, "stages": stages, "microbatches": microbatches, "tokens": tokens, "num_layers": layers,
+        "run": remeasure, "stages": stages, "microbatches": microbatches, "tokens": tokens, "num_layers": layers,
         "machine": worker_machine(stages, THREADS),
         "stage_layers": [[r.start, r.stop] for r in stage_ranges(layers, stages)],
         "load_s": [round(r["load_s"], 3) for r in results],

@@ -19,19 +19,15 @@ counted), and the reply gives the median over the rounds, with every round's tim
 again" counter: a new value is a new job, where the same inputs come from the job cache.
 """
 
-import os
-import platform
 import statistics
 import time
 
-import torch
-
 from core.engine.block_manager import hash_block
-from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
 
 from ..jobs import Progress
-from .base import Widget, integer, message, text
+from .base import Widget, message, text
+from .seam import machine, remeasure, run_request
 
 MAX_SYSTEM_TOKENS = 192     # the shared system prompt, in tokens
 MAX_QUESTION_TOKENS = 48    # each question
@@ -45,7 +41,7 @@ def prefix_cache(call) -> None:
     system = text(msg, "system")
     question = text(msg, "question")
     users = user_questions(msg)
-    run = integer(msg, "run", 0, 1_000_000, default=0)
+    again = remeasure(msg)
     check_tokens(call, system, "system", MAX_SYSTEM_TOKENS)
     for name, q in [("question", question)] + [("users", u) for u in users]:
         check_tokens(call, q, name, MAX_QUESTION_TOKENS)
@@ -56,7 +52,7 @@ def prefix_cache(call) -> None:
 
     def work(engine):
         return (yield from measure(engine, encoded))
-    call.job({"system": system, "question": question, "users": users, "run": run}, work)
+    call.job({"system": system, "question": question, "users": users, "remeasure": again}, work)
 
 
 def user_questions(msg: dict) -> list[str]:
@@ -128,15 +124,9 @@ def prompt_row(engine, prompt, off: list[dict], on: list[dict]) -> dict:
     }
 
 
-def first_token(engine, ids: list[int]):
-    """Prefill ids on `engine` one step per slice, up to the first token. -> its TTFT and cache use."""
-    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=1))
-    out = None
-    while out is None:
-        for o in engine.step():
-            if o.request_id == seq.request_id and o.finished:
-                out = o
-        yield None
+def first_token(sibling, ids: list[int]):
+    """Prefill ids on `sibling` one step per slice, up to the first token. -> its TTFT and cache use."""
+    out = yield from run_request(sibling, ids, 1, ignore_eos=False)
     steps = out.metrics.steps
     return {"ttft_ms": round(1000 * sum(s.duration_s for s in steps), 3), "steps": len(steps),
             "cached_tokens": out.num_cached_tokens, "first_token": out.token_ids[0]}
@@ -175,12 +165,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def machine(started: float) -> dict:
-    return {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))}
 
 
 WIDGET = Widget("prefix-cache", messages=(

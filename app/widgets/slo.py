@@ -19,18 +19,15 @@ slices never counts, and a request arriving during a step joins at the next one,
 """
 
 import math
-import os
-import platform
 import random
 import time
-
-import torch
 
 from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number
+from .seam import machine, remeasure, run_request
 
 MAX_REQUESTS = 32            # requests per run
 MAX_BATCH_LIMITS = 3         # batch limits per job (each runs with admission off and on: 6 runs)
@@ -54,7 +51,7 @@ def slo(call) -> None:
         "max_waiting": integer(msg, "max_waiting", 1, MAX_REQUESTS, default=2),
         "ttft_ms": number(msg, "ttft_ms", 1.0, 60_000.0, default=1000.0),
         "tpot_ms": number(msg, "tpot_ms", 1.0, 10_000.0, default=250.0),
-        "run": integer(msg, "run", 0, 1_000_000, default=0),
+        "run": remeasure(msg),
     }
     source = call.tokenizer.encode(SOURCE)
 
@@ -104,26 +101,26 @@ def serve(engine, requests: list[dict], max_num_seqs: int, max_waiting: int | No
     cap), one engine step per slice, on a virtual clock. -> (records, steps, duration_s)."""
     bs = engine.view.config.block_size
     blocks = sum(-(-(len(r["prompt"]) + r["max_tokens"]) // bs) for r in requests) + 4   # never preempts
-    exp = engine.sibling(max_num_seqs=max_num_seqs, num_kv_blocks=blocks, trace_steps=16,
+    sibling = engine.sibling(max_num_seqs=max_num_seqs, num_kv_blocks=blocks, trace_steps=16,
                          max_num_batched_tokens=STEP_TOKENS, enable_prefix_caching=False)
     yield Progress(0, len(requests), note)                  # building the engine was this slice
     records = [{"arrival_s": r["arrival_s"], "rejected": False, "first_token_s": None, "finished_s": None,
                 "output_tokens": 0} for r in requests]
     clock, nxt, steps = 0.0, 0, 0
-    while nxt < len(requests) or exp.has_unfinished_requests():
+    while nxt < len(requests) or sibling.has_unfinished_requests():
         while nxt < len(requests) and requests[nxt]["arrival_s"] <= clock:    # arrivals up to now
-            if max_waiting is not None and exp.view.stats()["waiting"] >= max_waiting:
+            if max_waiting is not None and sibling.view.stats()["waiting"] >= max_waiting:
                 records[nxt]["rejected"] = True                                   # turned away at arrival
             else:
                 r = requests[nxt]
-                exp.add_request(r["prompt"], SamplingParams(temperature=0.0, max_tokens=r["max_tokens"],
+                sibling.add_request(r["prompt"], SamplingParams(temperature=0.0, max_tokens=r["max_tokens"],
                                                             ignore_eos=True), request_id=str(nxt))
             nxt += 1
-        if not exp.has_unfinished_requests():
+        if not sibling.has_unfinished_requests():
             clock = max(clock, requests[nxt]["arrival_s"])                        # idle: skip to the next
             continue
         t0 = time.perf_counter()
-        outputs = exp.step()
+        outputs = sibling.step()
         clock += time.perf_counter() - t0
         steps += 1
         for out in outputs:
@@ -196,18 +193,9 @@ def measure(engine, inputs: dict, source: list[int]):
     }
 
 
-def warm_up(exp):
+def warm_up(sibling):
     """A short request, one step per slice, so first-call costs stay out of the timed runs."""
-    seq = exp.add_request([exp.view.model_config.bos_token_id] * 3, SamplingParams(temperature=0.0, max_tokens=2))
-    while not seq.is_finished:
-        exp.step()
-        yield None
-
-
-def machine(started: float) -> dict:
-    return {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))}
+    yield from run_request(sibling, [sibling.view.model_config.bos_token_id] * 3, 2, ignore_eos=False)
 
 
 WIDGET = Widget("slo", messages=(

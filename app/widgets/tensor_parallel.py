@@ -12,7 +12,7 @@ Degrees: those that split the heads into whole grouped-query groups (1 and 3 for
 heads, 3 KV heads) up to `max_worker_processes`; 2 and 4 are refused with the reason (the
 InvalidParameter of core.parallel.tensor_parallel.check_degree, naming `tp_degree`).
 
-Message: `tensor-parallel` {tp_degree, text, run} -> a job (cached by its inputs; `run` is the
+Message: `tensor_parallel` (old name `tensor-parallel`) {tp_degree, text, run} -> a job (cached by its inputs; `run` is the
 reader's "measure again" counter).
 """
 
@@ -20,11 +20,11 @@ from core.errors import InvalidParameter
 from core.parallel.tensor_parallel import Kind, TPSettings, check_degree, shard_plan, tp_worker, valid_degrees
 from core.parallel.workers import WorkerGroup
 
-from .base import Widget, encode, integer, message
-from .processes import align, run_workers, worker_machine
+from .base import Widget, alias, encode, integer, message
+from ..processes import align, run_workers
+from .seam import remeasure, worker_machine
 
 MAX_TOKENS = 128           # the prompt's tokens at most: each rank runs it several times
-MAX_RUN = 1_000_000
 DEFAULT_TEXT = "The capital of France is Paris, and the capital of Italy is"
 NEW_TOKENS = 4             # greedy tokens after the prompt, each a full recompute on every rank
 SWEEP_ROWS = (1, 4, 16, 64, 256, 1024)   # batch rows of the all-reduce sweep
@@ -45,13 +45,12 @@ def tensor_parallel(call) -> None:
     check_degree(cfg, degree)
     text = msg.get("text", DEFAULT_TEXT)
     ids = prompt(call, text)
-    run = integer(msg, "run", 0, MAX_RUN, default=0)
-    inputs = {"tp_degree": degree, "text": text, "run": run}
+    inputs = {"tp_degree": degree, "text": text, "remeasure": remeasure(msg)}
     model = call.config.model
     budget, timeout = call.runtime.workers, call.config.worker_timeout_s
 
     def work(engine):
-        return (yield from tp_job(engine, model, cfg, degree, ids, run, budget, timeout, limit))
+        return (yield from tp_job(engine, model, cfg, degree, ids, inputs["remeasure"], budget, timeout, limit))
     call.job(inputs, work)
 
 
@@ -64,16 +63,16 @@ def prompt(call, text) -> list[int]:
     return ids
 
 
-def tp_job(engine, model: str, cfg, degree: int, ids: list[int], run: int, budget, timeout: float, limit: int):
+def tp_job(engine, model: str, cfg, degree: int, ids: list[int], remeasure: int, budget, timeout: float, limit: int):
     settings = TPSettings(new_tokens=NEW_TOKENS, sweep_rows=SWEEP_ROWS, sweep_repeats=SWEEP_REPEATS)
     group = WorkerGroup(tp_worker, degree, (model, ids, settings), timeout_s=timeout,
                         threads_per_worker=THREADS, budget=budget)
     results = yield from run_workers(engine, group, f"{degree} ranks run the prompt, {NEW_TOKENS} tokens and "
                                                     "the all-reduce sweep", expected_s=6.0 + 2.0 * degree)
-    return tp_result(engine, cfg, degree, ids, run, results, limit)
+    return tp_result(engine, cfg, degree, ids, remeasure, results, limit)
 
 
-def tp_result(engine, cfg, degree: int, ids: list[int], run: int, results: list[dict], limit: int) -> dict:
+def tp_result(engine, cfg, degree: int, ids: list[int], remeasure: int, results: list[dict], limit: int) -> dict:
     L = cfg.num_layers
     spans = align([(r["rank"], *s) for r in results for s in r["timeline"]], start=4)
     ranks = []
@@ -87,7 +86,7 @@ def tp_result(engine, cfg, degree: int, ids: list[int], run: int, results: list[
     first = results[0]
     tokenizer = engine.view.tokenizer
     return {
-        "run": run, "tp_degree": degree, "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
+        "run": remeasure, "tp_degree": degree, "prompt_tokens": len(ids), "new_tokens": NEW_TOKENS,
         "machine": worker_machine(degree, THREADS),
         "shape": {"num_layers": L, "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
                   "head_dim": cfg.head_dim, "hidden_size": cfg.hidden_size,
@@ -108,6 +107,5 @@ def tp_result(engine, cfg, degree: int, ids: list[int], run: int, results: list[
     }
 
 
-WIDGET = Widget("tensor-parallel", messages=(
-    message("tensor-parallel", {"tp_degree", "text", "run"}, tensor_parallel, job=True),
-))
+MESSAGE = message("tensor_parallel", {"tp_degree", "text", "run"}, tensor_parallel, job=True)
+WIDGET = Widget("tensor-parallel", messages=(MESSAGE, alias("tensor-parallel", of=MESSAGE)))

@@ -15,17 +15,14 @@ length (PROMPT_TOKENS) and output length (OUTPUT_TOKENS, greedy, past the end-of
 `run` is the reader's "measure again" counter: results are cached for every reader by all inputs.
 """
 
-import os
-import platform
 import time
-
-import torch
 
 from app.lab.load import RequestTiming, poisson_arrivals, serving_metrics
 from core.engine.sampling_params import SamplingParams
 
 from ..jobs import Progress
 from .base import Widget, integer, message, number
+from .seam import machine, remeasure
 
 MAX_REQUESTS = 32
 MAX_SEQS = 32
@@ -44,13 +41,13 @@ def throughput_latency(call) -> None:
     rate = number(msg, "rate", MIN_RATE, MAX_RATE, default=4.0)
     seqs = integer(msg, "max_num_seqs", 1, MAX_SEQS, default=8)
     n = integer(msg, "num_requests", 2, MAX_REQUESTS, default=16)
-    run = integer(msg, "run", 0, 1_000_000, default=0)
+    again = remeasure(msg)
     ids = call.tokenizer.encode(PASSAGE)
     prompts = [ids[i % 8: i % 8 + PROMPT_TOKENS] for i in range(n)]    # a few different prompts
 
     def work(engine):
         return (yield from measure(engine, rate, seqs, prompts))
-    call.job({"rate": rate, "max_num_seqs": seqs, "num_requests": n, "run": run}, work)
+    call.job({"rate": rate, "max_num_seqs": seqs, "num_requests": n, "remeasure": again}, work)
 
 
 def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
@@ -58,10 +55,10 @@ def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
     arrivals = poisson_arrivals(rate, len(prompts), seed=SEED)
     bs = engine.view.config.block_size
     blocks = len(prompts) * -(-(PROMPT_TOKENS + OUTPUT_TOKENS) // bs) + 2      # no preemption
-    exp = engine.sibling(max_num_seqs=seqs, num_kv_blocks=blocks, max_num_batched_tokens=STEP_TOKENS,
+    sibling = engine.sibling(max_num_seqs=seqs, num_kv_blocks=blocks, max_num_batched_tokens=STEP_TOKENS,
                          enable_prefix_caching=False, enable_chunked_prefill=True, scheduling="continuous",
                          trace_steps=16)
-    timings, tokens = yield from drive(exp, arrivals, prompts)
+    timings, tokens = yield from drive(sibling, arrivals, prompts)
     metrics = serving_metrics(timings)
     return {
         "rate": rate, "max_num_seqs": seqs, "num_requests": len(prompts),
@@ -70,26 +67,26 @@ def measure(engine, rate: float, seqs: int, prompts: list[list[int]]):
         "throughput_tok_s": round(metrics["output_throughput_tok_s"], 3),
         "ttft_p50_ms": round(metrics["ttft"]["p50_ms"], 3), "ttft_p99_ms": round(metrics["ttft"]["p99_ms"], 3),
         "tpot_p50_ms": round(metrics["tpot"]["p50_ms"], 3), "tpot_p99_ms": round(metrics["tpot"]["p99_ms"], 3),
-        "sample_token_ids": tokens, "steps": exp.view.num_steps, "machine": machine(started),
+        "sample_token_ids": tokens, "steps": sibling.view.num_steps, "machine": machine(started),
     }
 
 
-def drive(exp, arrivals: list[float], prompts: list[list[int]]):
+def drive(sibling, arrivals: list[float], prompts: list[list[int]]):
     """Add each request when the clock passes its arrival; one engine step per slice; the clock
     advances by each step's measured time. -> a RequestTiming per request, on that clock, and the
     first request's output token ids."""
     params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     timings = [RequestTiming(a) for a in arrivals]
     by_id, clock, added, first = {}, 0.0, 0, []
-    while added < len(prompts) or exp.has_unfinished_requests():
+    while added < len(prompts) or sibling.has_unfinished_requests():
         while added < len(prompts) and arrivals[added] <= clock:
-            by_id[exp.add_request(prompts[added], params).request_id] = timings[added]
+            by_id[sibling.add_request(prompts[added], params).request_id] = timings[added]
             added += 1
-        if not exp.has_unfinished_requests():
+        if not sibling.has_unfinished_requests():
             clock = arrivals[added]                 # idle: jump to the next arrival
             continue
         t0 = time.perf_counter()
-        outputs = exp.step()
+        outputs = sibling.step()
         clock += time.perf_counter() - t0
         for out in outputs:
             timing = by_id[out.request_id]
@@ -106,12 +103,6 @@ def rounded(metrics: dict) -> dict:
     that a rate recomputed from a short run's duration is what the reply says."""
     return {k: rounded(v) if isinstance(v, dict) else round(v, 6 if k.endswith("_s") else 3)
             if isinstance(v, float) else v for k, v in metrics.items()}
-
-
-def machine(started: float) -> dict:
-    return {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))}
 
 
 WIDGET = Widget("throughput-latency", messages=(

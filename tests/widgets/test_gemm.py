@@ -96,7 +96,7 @@ def test_the_job_times_one_point_per_slice(tiny_loaded):
     from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
-    gen = gemm_job(engine, format="fp32", max_rows=64, run=0)
+    gen = gemm_job(engine, format="fp32", max_rows=64, remeasure=0)
     items, r = drain(gen)
     assert all(isinstance(i, Progress) for i in items)
     assert len(items) == 5 * 7 + 2 * TRIES and items[-1].done == items[-1].total

@@ -22,9 +22,10 @@ DEFAULT_TEXTS = [   # the widget's defaults (static/js/widgets/moe.js)
 
 def test_moe_registers_two_jobs():
     from app.widgets import BY_NAME
-    route, parallel = BY_NAME["moe"].messages
+    route, parallel, old_name = BY_NAME["moe"].messages
     assert route.type == "moe" and route.job and route.fields == {"texts", "top_k"}
-    assert parallel.type == "moe-parallel" and parallel.job
+    assert parallel.type == "moe_parallel" and parallel.job
+    assert old_name.type == "moe-parallel" and old_name.alias_of == "moe_parallel"  # accepted for one release
     assert parallel.fields == {"texts", "top_k", "layer", "workers", "run"}
 
 
@@ -35,11 +36,11 @@ def test_moe_refuses_bad_input_naming_the_field(ws):
         ("moe", {"texts": ["a"] * 9}, "texts"), ("moe", {"texts": ["ok", ""]}, "texts"),
         ("moe", {"texts": ["ok", 3]}, "texts"), ("moe", {"texts": [long]}, "texts"),
         ("moe", {"texts": TEXTS, "top_k": 3}, "top_k"), ("moe", {"texts": TEXTS, "top_k": "2"}, "top_k"),
-        ("moe-parallel", {"texts": TEXTS, "layer": 2}, "layer"),          # tiny has layers 0 and 1
-        ("moe-parallel", {"texts": TEXTS, "layer": 0, "workers": 3}, "workers"),
-        ("moe-parallel", {"texts": TEXTS, "layer": 0, "workers": 8}, "workers"),
-        ("moe-parallel", {"texts": TEXTS, "layer": 0, "run": -1}, "run"),
-        ("moe-parallel", {"texts": TEXTS, "layer": 0, "top_k": 0}, "top_k"),
+        ("moe_parallel", {"texts": TEXTS, "layer": 2}, "layer"),          # tiny has layers 0 and 1
+        ("moe_parallel", {"texts": TEXTS, "layer": 0, "workers": 3}, "workers"),
+        ("moe_parallel", {"texts": TEXTS, "layer": 0, "workers": 8}, "workers"),
+        ("moe_parallel", {"texts": TEXTS, "layer": 0, "run": -1}, "run"),
+        ("moe_parallel", {"texts": TEXTS, "layer": 0, "top_k": 0}, "top_k"),
     ]:
         err = ws.error({"type": kind, "id": "bad", **fields}, "bad")
         assert err["param"] == param, (kind, fields, err)
@@ -103,8 +104,8 @@ def test_moe_routes_the_batch_on_the_tiny_model(ws, tiny_loaded):
 
 def test_moe_parallel_equals_one_process_and_leaves_no_worker(ws, tiny_loaded):
     from core.model.moe import route
-    r = ws.job("moe-parallel", texts=TEXTS, top_k=2, layer=1, workers=2, timeout=180)
-    assert r["type"] == "moe-parallel", r
+    r = ws.job("moe_parallel", texts=TEXTS, top_k=2, layer=1, workers=2, timeout=180)
+    assert r["type"] == "moe_parallel", r
     assert (r["layer"], r["workers"], r["top_k"], r["run"]) == (1, 2, 2, 0)
     assert r["max_abs_diff"] <= 1e-6
     logits, ids, _ = independent_routing(tiny_loaded, TEXTS, 2)
@@ -167,7 +168,7 @@ def test_moe_page_shows_the_figures_and_leaves_no_worker(pg, real_ws, server, sm
     assert figure_value(page, "batch_tokens") == sum(len(smollm_loaded.tokenizer.encode(t)) for t in DEFAULT_TEXTS)
     assert figure_value(page, "perplexity_dense") == pytest.approx(table["perplexity"]["dense"], rel=1e-12)
     assert figure_value(page, "perplexity_topk") == pytest.approx(table["perplexity"]["4"], rel=1e-12)
-    p = real_ws.job("moe-parallel", texts=DEFAULT_TEXTS, top_k=4, layer=20, workers=4, run=0)   # from the cache
+    p = real_ws.job("moe_parallel", texts=DEFAULT_TEXTS, top_k=4, layer=20, workers=4, run=0)   # from the cache
     assert figure_value(page, "alltoall_ms") == pytest.approx(p["alltoall_ms"], rel=1e-12)
     assert p["max_abs_diff"] <= 1e-6 and p["workers"] == 4
     assert page.locator(f"{MOE} .moe-routing svg path").count() == 12 * 4              # a line per choice

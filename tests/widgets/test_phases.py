@@ -106,7 +106,7 @@ def test_the_job_runs_one_engine_step_per_slice(tiny_loaded):
     from core.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
-    gen = phases_job(engine, max_prompt=128, decode_tokens=4, run=0)
+    gen = phases_job(engine, max_prompt=128, decode_tokens=4, remeasure=0)
     items, r = drain(gen)
     progress = [i for i in items if isinstance(i, Progress)]
     # one slice per engine step: the warm-up, each of 16..128 PREFILL_TRIES times in chunks of

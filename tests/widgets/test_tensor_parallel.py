@@ -17,8 +17,9 @@ TEXT = "The capital of France is"
 
 def test_tensor_parallel_registers_one_job():
     from app.widgets import BY_NAME
-    (m,) = BY_NAME["tensor-parallel"].messages
-    assert m.type == "tensor-parallel" and m.job and m.fields == {"tp_degree", "text", "run"}
+    m, old_name = BY_NAME["tensor-parallel"].messages
+    assert old_name.type == "tensor-parallel" and old_name.alias_of == "tensor_parallel"  # accepted for one release
+    assert m.type == "tensor_parallel" and m.job and m.fields == {"tp_degree", "text", "run"}
 
 
 def test_tensor_parallel_refuses_bad_input_naming_the_field(ws):
@@ -28,10 +29,10 @@ def test_tensor_parallel_refuses_bad_input_naming_the_field(ws):
         ({"text": ""}, "text"), ({"text": 7}, "text"), ({"text": "word " * 80}, "text"),   # over 64 tokens
         ({"run": -1}, "run"),
     ]:
-        err = ws.error({"type": "tensor-parallel", "id": "bad", **fields}, "bad")
+        err = ws.error({"type": "tensor_parallel", "id": "bad", **fields}, "bad")
         assert err["param"] == param, (fields, err)
         assert param in err["message"]
-    err = ws.error({"type": "tensor-parallel", "id": "bad", "tp_degree": 3}, "bad")
+    err = ws.error({"type": "tensor_parallel", "id": "bad", "tp_degree": 3}, "bad")
     assert "query heads" in err["message"] and "KV heads" in err["message"]    # says why
 
 
@@ -77,11 +78,11 @@ def check_result(r: dict, loaded, text: str, degree: int) -> None:
 
 
 def test_tensor_parallel_job_on_the_tiny_model(ws, tiny_loaded):
-    r = ws.job("tensor-parallel", tp_degree=2, text=TEXT)
-    assert r["type"] == "tensor-parallel", r
+    r = ws.job("tensor_parallel", tp_degree=2, text=TEXT)
+    assert r["type"] == "tensor_parallel", r
     check_result(r, tiny_loaded, TEXT, 2)
     assert r["valid_degrees"] == [1, 2, 4]
-    cached = ws.job("tensor-parallel", tp_degree=2, text=TEXT)
+    cached = ws.job("tensor_parallel", tp_degree=2, text=TEXT)
     assert {k: v for k, v in cached.items() if k != "id"} == {k: v for k, v in r.items() if k != "id"}
     assert worker_processes(os.getpid()) == []
 
@@ -124,7 +125,7 @@ def test_the_job_holds_the_engine_loop_only_briefly(tiny_loaded, monkeypatch):
 
 def test_aborting_the_job_or_closing_the_socket_ends_its_workers(ws, live_server):
     from conftest import WS
-    ws.send({"type": "tensor-parallel", "id": "a", "tp_degree": 2, "text": TEXT, "run": 101})
+    ws.send({"type": "tensor_parallel", "id": "a", "tp_degree": 2, "text": TEXT, "run": 101})
     pids = wait_for(lambda: len(worker_processes(os.getpid())) == 2 and worker_processes(os.getpid()),
                     timeout=60, what="two worker processes")
     ws.send({"type": "abort", "id": "a"})
@@ -132,7 +133,7 @@ def test_aborting_the_job_or_closing_the_socket_ends_its_workers(ws, live_server
     wait_for(lambda: not worker_processes(os.getpid()), timeout=20, what="the workers to end after abort")
     assert not set(pids) & set(worker_processes(os.getpid()))
     other = WS(live_server.ws)
-    other.send({"type": "tensor-parallel", "id": "b", "tp_degree": 2, "text": TEXT, "run": 102})
+    other.send({"type": "tensor_parallel", "id": "b", "tp_degree": 2, "text": TEXT, "run": 102})
     wait_for(lambda: len(worker_processes(os.getpid())) == 2, timeout=60, what="two worker processes")
     other.close()
     wait_for(lambda: not worker_processes(os.getpid()), timeout=20, what="the workers to end with the socket")
@@ -149,7 +150,7 @@ def test_tensor_parallel_page_is_live_with_its_figures(pg, real_ws, server, smol
     page.set_viewport_size({"width": 1280, "height": 800})
     pg.goto(f"/embed/tensor-parallel{query}")
     wait_ready(page, TP, 180_000)
-    r = real_ws.job("tensor-parallel", tp_degree=3, text="The capital of France is Paris, and the capital of "
+    r = real_ws.job("tensor_parallel", tp_degree=3, text="The capital of France is Paris, and the capital of "
                                                          "Italy is")          # the page's default text: from the cache
     check_result(r, smollm_loaded, "The capital of France is Paris, and the capital of Italy is", 3)
     assert figure_value(page, "tp_degree") == 3

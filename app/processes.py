@@ -1,4 +1,4 @@
-"""A job that runs worker processes (core/parallel/workers.py), for the parallelism widgets.
+"""A job that runs worker processes (core/parallel/workers.py), for the parallelism widgets (app infrastructure, not a widget).
 
 The job starts a WorkerGroup through the slice helpers, so the engine loop is never held while
 the processes start or compute: each slice waits at most a poll, and not at all while a chat is
@@ -9,13 +9,11 @@ left (the runner closes its generator) and a server that stops (JobRunner.close)
 process behind; each worker also dies with the server (PR_SET_PDEATHSIG).
 """
 
-import os
 import time
 
 from core.parallel.workers import WorkerGroup, start_in_slices, wait_in_slices
 
-from ..jobs import Progress
-from .phases import machine
+from .jobs import Progress
 
 STARTUP_S = 4.0       # about how long spawning, importing torch and loading the model take here
 
@@ -41,12 +39,6 @@ def run_workers(engine, group: WorkerGroup, what: str, expected_s: float):
             yield Progress(min(elapsed, 0.95 * expected_s), expected_s, note)
     finally:
         group.close()
-
-
-def worker_machine(workers: int, threads: int) -> dict:
-    """Where and when the workers ran: shown beside every measured figure."""
-    return {**machine(), "threads": threads, "workers": workers, "threads_per_worker": threads,
-            "cpu_count": os.cpu_count(), "load_average": round(os.getloadavg()[0], 2)}
 
 
 def align(rows: list, start: int = 3) -> list:
