@@ -38,9 +38,10 @@ export function jobRunner(root, { client, progress = null, button = null }) {
   // running: the first progress text; onProgress(p): the text for a progress message;
   // render(result): may return a promise; done: the last text, a string or a function of the result;
   // recover(err): return true when it dealt with the error itself (no error state then);
-// loading: set data-state="loading" while it runs (a test waiting for "ready" then waits for it).
+  // loading: set data-state="loading" while it runs (a test waiting for "ready" then waits for it);
+  // quiet: leave data-state and the progress line alone, errors included (recover still hears them).
   // Returns a promise that settles when this run is over; it never rejects.
-  function run(job, { running = null, onProgress = null, render = null, done = "", recover = null, loading = false } = {}) {
+  function run(job, { running = null, onProgress = null, render = null, done = "", recover = null, loading = false, quiet = false } = {}) {
     if (stopped) return Promise.resolve();
     current?.abort();
     const controller = new AbortController();
@@ -59,11 +60,12 @@ export function jobRunner(root, { client, progress = null, button = null }) {
     return (typeof job === "function" ? job(call) : call(job)).then(async (r) => {
       if (signal.aborted) return;
       if (render) await render(r);
+      if (quiet) return;
       say(typeof done === "function" ? done(r) : done);
       setState(root, "ready");
     }).catch((err) => {
       if (signal.aborted || err.code === "aborted") return;
-      if (recover?.(err)) return;
+      if (recover?.(err) || quiet) return;
       say("");
       setState(root, "error", err.message);
     }).finally(() => { if (button && current === controller) setDisabled(button, false); });
