@@ -264,116 +264,133 @@ function renderSelects(view, hello, opts) {
   view.queryInput.max = String(hello.limits.max_inspect_tokens - 1);
 }
 
-export function mount(root, ctx) {
-  const { values: opts } = ctx.readOptions(OPTIONS);
-  const state = { reply: null, sent: null, focus: 0, query: null, row: null, wantQuery: opts.query, clickBound: false };
-  const failed = (err) => setState(root, "error", `Drawing failed: ${err.message}`);
-  const view = build(opts);
-  root.append(...view.nodes);
-  const job = jobRunner(root, { client: ctx.client, progress: view.progress });
-  const rowJob = jobRunner(root, { client: ctx.client });
+// ---- the widget's behaviour, on w = { root, ctx, view, state, job, rowJob } ----
+const headValue = (view) => (view.headSel.value === "all" ? "all" : Number(view.headSel.value));
 
-  const headValue = () => (view.headSel.value === "all" ? "all" : Number(view.headSel.value));
-  const syncOptions = () => ctx.setOptions({ text: view.textBox.value, layer: Number(view.layerSel.value), head: headValue(), query: state.query }, OPTIONS);
-  const drawMap = () => renderMap(view, state.reply, state.focus, state.query).then(bindClick);
-  const drawRow = () => (state.row ? renderRow(view, state.reply, state.query, state.row, state.focus) : Promise.resolve());
+function syncOptions(w) {
+  const v = w.view;
+  w.ctx.setOptions({ text: v.textBox.value, layer: Number(v.layerSel.value), head: headValue(v), query: w.state.query }, OPTIONS);
+}
 
-  // Make token q the query: its row as bars (exact: from the reply, or fetched when binned).
-  // Resolves once the map and the row are drawn.
-  function selectQuery(q) {
-    const r = state.reply;
-    state.query = Math.max(0, Math.min(r.num_tokens - 1, q));
-    view.queryInput.value = String(state.query);
-    syncOptions();
-    rowJob.cancel();
-    let row;
-    if (r.bin_size === 1) {
-      state.row = r.weights[focusIndex(r, state.focus)][state.query];
-      row = drawRow();
-    } else {
-      view.rowTitle.textContent = `Fetching the exact row of token #${state.query}…`;
-      let failure = null;   // the row's error fails the whole selection, as the map's would
-      row = rowJob.run({ type: "attention_row", ...state.sent, head: state.focus, query: state.query }, {
-        quiet: true,
-        render: (reply) => { state.row = reply.weights[0]; return drawRow(); },
-        recover: (err) => { failure = err; return true; },
-      }).then(() => { if (failure) throw failure; });
-    }
-    return Promise.all([drawMap(), row]);
+const drawMap = (w) => renderMap(w.view, w.state.reply, w.state.focus, w.state.query).then(() => bindClick(w));
+const drawRow = (w) => (w.state.row ? renderRow(w.view, w.state.reply, w.state.query, w.state.row, w.state.focus) : Promise.resolve());
+
+// Make token q the query: its row as bars (exact: from the reply, or fetched when binned).
+// Resolves once the map and the row are drawn.
+function selectQuery(w, q) {
+  const { state, view } = w;
+  const r = state.reply;
+  state.query = Math.max(0, Math.min(r.num_tokens - 1, q));
+  view.queryInput.value = String(state.query);
+  syncOptions(w);
+  w.rowJob.cancel();
+  let row;
+  if (r.bin_size === 1) {
+    state.row = r.weights[focusIndex(r, state.focus)][state.query];
+    row = drawRow(w);
+  } else {
+    view.rowTitle.textContent = `Fetching the exact row of token #${state.query}…`;
+    let failure = null;   // the row's error fails the whole selection, as the map's would
+    row = w.rowJob.run({ type: "attention_row", ...state.sent, head: state.focus, query: state.query }, {
+      quiet: true,
+      render: (reply) => { state.row = reply.weights[0]; return drawRow(w); },
+      recover: (err) => { failure = err; return true; },
+    }).then(() => { if (failure) throw failure; });
   }
-  const pick = (q) => selectQuery(q).catch((err) => setState(root, "error", err.message));
+  return Promise.all([drawMap(w), row]);
+}
 
-  function onMapClick(event) {
-    const point = event.points?.[0];
-    if (!point || !state.reply) return;
-    const r = state.reply;
-    if (r.head === "all") state.focus = r.heads[point.curveNumber] ?? state.focus;
-    renderHeadTiles(view, r, state.focus);
-    const block = Math.floor(point.y / r.bin_size + 1e-9);   // a cell's y is its block's centre: take the block's last query
-    pick(Math.min(r.num_tokens - 1, (block + 1) * r.bin_size - 1));
-  }
-  function bindClick() {
-    if (state.clickBound || !view.mapNode.on) return;   // plotly's emitter exists once there is a plot
-    view.mapNode.on("plotly_click", onMapClick);
-    state.clickBound = true;
-  }
+const pick = (w, q) => selectQuery(w, q).catch((err) => setState(w.root, "error", err.message));
 
-  // ---- asking the server ----
-  function request() {
-    const body = { type: "attention", text: view.textBox.value, layer: Number(view.layerSel.value), head: headValue() };
-    rowJob.cancel();
-    root.classList.add("busy");
-    syncOptions();
-    return job.run(body, {
-      running: "Running the model…",
-      onProgress: (p) => `Running the model: ${p.note} (${percent(p)})`,
-      render: (reply) => {
-        state.sent = { text: body.text, layer: body.layer };
-        state.reply = reply;
-        if (!reply.heads.includes(state.focus)) state.focus = reply.heads[0];
-        view.tiles.tokens.set(reply.num_tokens);
-        view.tiles.bin.set(reply.bin_size);
-        renderHeadTiles(view, reply, state.focus);
-        renderChips(view, reply, pick);
-        const wanted = state.wantQuery !== null && state.wantQuery < reply.num_tokens ? state.wantQuery : reply.num_tokens - 1;
-        state.wantQuery = null;
-        root.classList.remove("busy");
-        return selectQuery(wanted);
-      },
-    }).finally(() => root.classList.remove("busy"));
-  }
+function onMapClick(w, event) {
+  const point = event.points?.[0];
+  const r = w.state.reply;
+  if (!point || !r) return;
+  if (r.head === "all") w.state.focus = r.heads[point.curveNumber] ?? w.state.focus;
+  renderHeadTiles(w.view, r, w.state.focus);
+  const block = Math.floor(point.y / r.bin_size + 1e-9);   // a cell's y is its block's centre: take the block's last query
+  pick(w, Math.min(r.num_tokens - 1, (block + 1) * r.bin_size - 1));
+}
 
-  const onText = debounce(() => { state.wantQuery = null; request(); }, 500);
+function bindClick(w) {
+  if (w.state.clickBound || !w.view.mapNode.on) return;   // plotly's emitter exists once there is a plot
+  w.view.mapNode.on("plotly_click", (event) => onMapClick(w, event));
+  w.state.clickBound = true;
+}
+
+// Ask the server for the weights of the chosen layer and head(s), then draw them.
+function request(w) {
+  const { state, view, root } = w;
+  const body = { type: "attention", text: view.textBox.value, layer: Number(view.layerSel.value), head: headValue(view) };
+  w.rowJob.cancel();
+  root.classList.add("busy");
+  syncOptions(w);
+  return w.job.run(body, {
+    running: "Running the model…",
+    onProgress: (p) => `Running the model: ${p.note} (${percent(p)})`,
+    render: (reply) => {
+      state.sent = { text: body.text, layer: body.layer };
+      state.reply = reply;
+      if (!reply.heads.includes(state.focus)) state.focus = reply.heads[0];
+      view.tiles.tokens.set(reply.num_tokens);
+      view.tiles.bin.set(reply.bin_size);
+      renderHeadTiles(view, reply, state.focus);
+      renderChips(view, reply, (i) => pick(w, i));
+      const wanted = state.wantQuery !== null && state.wantQuery < reply.num_tokens ? state.wantQuery : reply.num_tokens - 1;
+      state.wantQuery = null;
+      root.classList.remove("busy");
+      return selectQuery(w, wanted);
+    },
+  }).finally(() => root.classList.remove("busy"));
+}
+
+// The controls' events; returns the function that cancels what is pending.
+function listen(w) {
+  const { view, state } = w;
+  const onText = debounce(() => { state.wantQuery = null; request(w); }, 500);
   view.textBox.addEventListener("input", onText);
-  view.layerSel.addEventListener("change", () => { state.wantQuery = state.query; request(); });
+  view.layerSel.addEventListener("change", () => { state.wantQuery = state.query; request(w); });
   view.headSel.addEventListener("change", () => {
     if (view.headSel.value !== "all") state.focus = Number(view.headSel.value);
     state.wantQuery = state.query;
-    request();
+    request(w);
   });
   view.queryInput.addEventListener("change", () => {
-    if (state.reply && view.queryInput.value !== "") pick(Number(view.queryInput.value));
+    if (state.reply && view.queryInput.value !== "") pick(w, Number(view.queryInput.value));
   });
-
   let lastWidth = 0;  // redraw when the width changes (the charts' height follows from it)
+  const failed = (err) => setState(w.root, "error", `Drawing failed: ${err.message}`);
   const observer = new ResizeObserver(debounce(() => {
-    if (!state.reply || root.clientWidth === lastWidth) return;
-    lastWidth = root.clientWidth;
-    drawMap().catch(failed);
-    drawRow().catch(failed);
+    if (!state.reply || w.root.clientWidth === lastWidth) return;
+    lastWidth = w.root.clientWidth;
+    drawMap(w).catch(failed);
+    drawRow(w).catch(failed);
   }, 200));
-  observer.observe(root);
+  observer.observe(w.root);
+  return () => { onText.cancel(); observer.disconnect(); };
+}
+
+export function mount(root, ctx) {
+  const { values: opts } = ctx.readOptions(OPTIONS);
+  const view = build(opts);
+  root.append(...view.nodes);
+  const w = {
+    root, ctx, view,
+    state: { reply: null, sent: null, focus: 0, query: null, row: null, wantQuery: opts.query, clickBound: false },
+    job: jobRunner(root, { client: ctx.client, progress: view.progress }),
+    rowJob: jobRunner(root, { client: ctx.client }),
+  };
+  const unlisten = listen(w);
   const offStatus = ctx.connected((hello) => {
     renderSelects(view, hello, opts);
-    if (view.headSel.value !== "all") state.focus = Number(view.headSel.value);
-    if (state.reply) state.wantQuery = state.query;
-    return request();
+    if (view.headSel.value !== "all") w.state.focus = Number(view.headSel.value);
+    if (w.state.reply) w.state.wantQuery = w.state.query;
+    return request(w);
   });
   return () => {
-    onText.cancel();
-    observer.disconnect();
-    job.stop();
-    rowJob.stop();
+    unlisten();
+    w.job.stop();
+    w.rowJob.stop();
     offStatus();
     purge(view.mapNode);
     purge(view.rowNode);

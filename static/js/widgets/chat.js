@@ -217,71 +217,73 @@ function renderDone(view, state, answer, msg) {
   renderTimeline(view, msg);
 }
 
-export function mount(root, ctx) {
-  const client = ctx.client;
-  const opts = ctx.readOptions(OPTIONS).values;
-  const state = { messages: [], current: null, template: null, previewTimer: null };
-  const view = build(opts);
-  root.append(...view.nodes);
-  const job = jobRunner(root, { client });
-  const syncOptions = () => ctx.setOptions({
-    message: view.input.value, temperature: view.temperature.value,
-    max_tokens: view.maxTokens.value === "" ? null : Number(view.maxTokens.value),
-    seed: view.seed.value === "" ? null : Number(view.seed.value),
+// ---- the widget's behaviour, on w = { root, ctx, view, state, job } ----
+function syncOptions(w) {
+  const v = w.view;
+  w.ctx.setOptions({
+    message: v.input.value, temperature: v.temperature.value,
+    max_tokens: v.maxTokens.value === "" ? null : Number(v.maxTokens.value),
+    seed: v.seed.value === "" ? null : Number(v.seed.value),
   }, OPTIONS);
-  for (const node of [view.temperature, view.maxTokens, view.seed]) node.addEventListener("change", syncOptions);
+}
 
-  // The prompt as it would go if Send were pressed now (quiet: typing never raises an error).
-  function preview(quiet = true) {
-    const text = view.input.value.trim();
-    const messages = text ? [...state.messages, { role: "user", content: text }] : state.messages.slice();
-    if (!messages.length) {
-      view.tokens.replaceChildren();
-      view.ctxLine.textContent = "";
-      return job.run(async () => null, { quiet });
-    }
-    return job.run({ type: "template", messages }, {
-      quiet,
-      render: (t) => { if (!state.current) { state.template = t; renderTemplate(view, t, 0, "if you press Send now"); } },
-    });
+// The prompt as it would go if Send were pressed now (quiet: typing never raises an error).
+function preview(w, quiet = true) {
+  const { view, state } = w;
+  const text = view.input.value.trim();
+  const messages = text ? [...state.messages, { role: "user", content: text }] : state.messages.slice();
+  if (!messages.length) {
+    view.tokens.replaceChildren();
+    view.ctxLine.textContent = "";
+    return w.job.run(async () => null, { quiet });
   }
+  return w.job.run({ type: "template", messages }, {
+    quiet,
+    render: (t) => { if (!state.current) { state.template = t; renderTemplate(view, t, 0, "if you press Send now"); } },
+  });
+}
 
-  function send(text) {
-    clearTimeout(state.previewTimer);
-    state.messages.push({ role: "user", content: text });
-    const messages = state.messages.slice();
-    view.input.value = "";
-    bubble(view.log, "user", text);
-    const answer = bubble(view.log, "assistant", "");
-    answer.node.classList.add("streaming");
-    for (const s of [view.ttft, view.tpot, view.generated, view.queued]) s.set(null);
-    view.finish.textContent = "Generating…";
-    job.run({ type: "template", messages }, {
-      quiet: true,
-      render: (t) => { if (state.current) { state.template = t; renderTemplate(view, t, 0, "sent in full, computing…"); } },
-    });
-    const body = { type: "generate", messages, temperature: Number(view.temperature.value) };
-    if (view.maxTokens.value !== "") body.max_tokens = Number(view.maxTokens.value);
-    if (view.seed.value !== "") body.seed = Number(view.seed.value);
-    busy(view, true);
-    state.current = client.request(body, answerStream(view, state, answer, (msg) => {
-      state.current = null;
-      busy(view, false);
-      if (msg.type === "error") { setState(root, "error", msg.message); return; }
-      announce("chat-done", msg);  // for the timings of section 8 (phases)
-      setState(root, "ready");
-    }));
-  }
+// Send the conversation so far: the answer streams into a new bubble.
+function send(w, text) {
+  const { view, state, root } = w;
+  clearTimeout(state.previewTimer);
+  state.messages.push({ role: "user", content: text });
+  const messages = state.messages.slice();
+  view.input.value = "";
+  bubble(view.log, "user", text);
+  const answer = bubble(view.log, "assistant", "");
+  answer.node.classList.add("streaming");
+  for (const s of [view.ttft, view.tpot, view.generated, view.queued]) s.set(null);
+  view.finish.textContent = "Generating…";
+  w.job.run({ type: "template", messages }, {
+    quiet: true,
+    render: (t) => { if (state.current) { state.template = t; renderTemplate(view, t, 0, "sent in full, computing…"); } },
+  });
+  const body = { type: "generate", messages, temperature: Number(view.temperature.value) };
+  if (view.maxTokens.value !== "") body.max_tokens = Number(view.maxTokens.value);
+  if (view.seed.value !== "") body.seed = Number(view.seed.value);
+  busy(view, true);
+  state.current = w.ctx.client.request(body, answerStream(view, state, answer, (msg) => {
+    state.current = null;
+    busy(view, false);
+    if (msg.type === "error") { setState(root, "error", msg.message); return; }
+    announce("chat-done", msg);  // for the timings of section 8 (phases)
+    setState(root, "ready");
+  }));
+}
 
+function listen(w) {
+  const { view, state } = w;
+  for (const node of [view.temperature, view.maxTokens, view.seed]) node.addEventListener("change", () => syncOptions(w));
   view.input.addEventListener("input", () => {
-    syncOptions();
+    syncOptions(w);
     clearTimeout(state.previewTimer);
-    state.previewTimer = setTimeout(() => preview(), 250);
+    state.previewTimer = setTimeout(() => preview(w), 250);
   });
   view.form.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = view.input.value.trim();
-    if (text && !state.current) send(text);
+    if (text && !state.current) send(w, text);
   });
   view.stopButton.addEventListener("click", () => state.current?.abort());
   view.input.addEventListener("keydown", (event) => {
@@ -294,26 +296,37 @@ export function mount(root, ctx) {
     if (state.current) return;
     state.messages = [];
     view.log.replaceChildren(el("p", { class: "chat-empty", text: "New conversation." }));
-    preview();
+    preview(w);
   });
+}
 
+// The server's limits and format, then the first preview.
+function start(w, hello, opts) {
+  const { view } = w;
+  const limits = hello.limits;
+  view.served.textContent = `Served with ${weightFormat(hello.weight_format)}.`;
+  view.maxTokens.max = String(limits.max_tokens_limit);
+  if (view.maxTokens.value === "") {
+    view.maxTokens.value = String(opts.max_tokens !== null && opts.max_tokens <= limits.max_tokens_limit ? opts.max_tokens : limits.default_max_tokens);
+  }
+  return preview(w, false);
+}
+
+export function mount(root, ctx) {
+  const opts = ctx.readOptions(OPTIONS).values;
+  const view = build(opts);
+  root.append(...view.nodes);
+  const w = { root, ctx, view, state: { messages: [], current: null, template: null, previewTimer: null }, job: jobRunner(root, { client: ctx.client }) };
+  listen(w);
   const timeout = setTimeout(() => {
     if (root.dataset.state !== "ready") setState(root, "error", "Cannot reach the sendlens server.");
   }, 20000);
-  const offStatus = ctx.connected((hello) => {
-    const limits = hello.limits;
-    view.served.textContent = `Served with ${weightFormat(hello.weight_format)}.`;
-    view.maxTokens.max = String(limits.max_tokens_limit);
-    if (view.maxTokens.value === "") {
-      view.maxTokens.value = String(opts.max_tokens !== null && opts.max_tokens <= limits.max_tokens_limit ? opts.max_tokens : limits.default_max_tokens);
-    }
-    return preview(false).then(() => { if (root.dataset.state === "ready") clearTimeout(timeout); });
-  });
+  const offStatus = ctx.connected((hello) => start(w, hello, opts).then(() => { if (root.dataset.state === "ready") clearTimeout(timeout); }));
   return () => {
     clearTimeout(timeout);
-    clearTimeout(state.previewTimer);
-    job.stop();
-    state.current?.abort();
+    clearTimeout(w.state.previewTimer);
+    w.job.stop();
+    w.state.current?.abort();
     offStatus();
     root.replaceChildren();
   };

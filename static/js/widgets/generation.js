@@ -224,110 +224,125 @@ export function renderStep(view, r, st, onPick) {
   return renderChart(view, r, st.hello);
 }
 
-export function mount(root, ctx) {
-  const { values: opts } = ctx.readOptions(OPTIONS);
-  const state = { hello: null, tokens: [], texts: [], last: null, busy: false, ended: false, clickBound: false, seq: 0 };
-  const failed = (err) => setState(root, "error", `Drawing failed: ${err.message}`);
-  const view = build(opts);
-  root.append(...view.nodes);
-  const job = jobRunner(root, { client: ctx.client, progress: view.status });
-  const syncOptions = () => ctx.setOptions({ prompt: view.promptBox.value, chat: view.chatBox.checked, ...settings(view) }, OPTIONS);
+// ---- the widget's behaviour, on w = { root, ctx, view, state, job } ----
+function syncOptions(w) {
+  w.ctx.setOptions({ prompt: w.view.promptBox.value, chat: w.view.chatBox.checked, ...settings(w.view) }, OPTIONS);
+}
 
-  function updateButtons() {
-    const limit = state.hello ? state.hello.limits.max_tokens_limit : Infinity;
-    view.stepButton.textContent = state.tokens.length ? "Decode next token" : "Prefill";
-    setDisabled(view.resetButton, state.busy);
-    // a step that ends the text leaves the focus on Reset, the one way on
-    setDisabled(view.stepButton, state.busy || state.ended || state.tokens.length >= limit, state.busy ? null : view.resetButton);
-  }
+function updateButtons(w) {
+  const { state, view } = w;
+  const limit = state.hello ? state.hello.limits.max_tokens_limit : Infinity;
+  view.stepButton.textContent = state.tokens.length ? "Decode next token" : "Prefill";
+  setDisabled(view.resetButton, state.busy);
+  // a step that ends the text leaves the focus on Reset, the one way on
+  setDisabled(view.stepButton, state.busy || state.ended || state.tokens.length >= limit, state.busy ? null : view.resetButton);
+}
 
-  // Take candidate i instead of the token the sampler chose (the next step continues from it).
-  function override(i) {
-    const r = state.last;
-    if (!r || state.busy) return;
-    const c = r.candidates[i];
-    state.tokens[state.tokens.length - 1] = c.id;
-    state.texts[state.texts.length - 1] = c.text;
-    state.ended = false;
-    renderSequence(view, r, state.tokens, state.texts);
-    view.status.textContent = `You took "${chipText(c.text)}" (rank ${i + 1}) instead of the sampler's choice; the next step continues from it.`;
-    updateButtons();
-  }
+// Take candidate i instead of the token the sampler chose (the next step continues from it).
+function override(w, i) {
+  const { state, view } = w;
+  const r = state.last;
+  if (!r || state.busy) return;
+  const c = r.candidates[i];
+  state.tokens[state.tokens.length - 1] = c.id;
+  state.texts[state.texts.length - 1] = c.text;
+  state.ended = false;
+  renderSequence(view, r, state.tokens, state.texts);
+  view.status.textContent = `You took "${chipText(c.text)}" (rank ${i + 1}) instead of the sampler's choice; the next step continues from it.`;
+  updateButtons(w);
+}
 
-  const drawChart = () => (state.last ? renderChart(view, state.last, state.hello).then(bindClick) : Promise.resolve());
-  function bindClick() {
-    if (state.clickBound || !view.chartNode.on) return;   // plotly's emitter exists once there is a plot
-    view.chartNode.on("plotly_click", (event) => {
-      const i = event.points?.[0]?.pointIndex;
-      if (i !== undefined) override(i);
-    });
-    state.clickBound = true;
-  }
+function bindClick(w) {
+  if (w.state.clickBound || !w.view.chartNode.on) return;   // plotly's emitter exists once there is a plot
+  w.view.chartNode.on("plotly_click", (event) => {
+    const i = event.points?.[0]?.pointIndex;
+    if (i !== undefined) override(w, i);
+  });
+  w.state.clickBound = true;
+}
 
-  // ---- one step on the engine ----
-  function step() {
-    if (state.busy) return Promise.resolve();
-    const s = settings(view);
-    const body = { type: "next_token", tokens: state.tokens.slice(), top: s.top, temperature: s.temperature, top_k: s.top_k, top_p: s.top_p };
-    if (s.seed !== null) body.seed = s.seed;
-    if (view.chatBox.checked) body.messages = [{ role: "user", content: view.promptBox.value }];
-    else body.prompt = view.promptBox.value;
-    state.busy = true;
-    updateButtons();
-    const seq = ++state.seq;   // a reset meanwhile starts a newer step: this one's end is then not the widget's
-    return job.run(body, {
-      running: state.tokens.length ? "Decoding one token…" : "Prefilling the prompt…",
-      render: (reply) => {
-        state.last = reply;
-        state.tokens.push(reply.chosen.id);
-        state.texts.push(reply.chosen.text);
-        state.ended = reply.ends_turn;
-        return renderStep(view, reply, state, override).then(bindClick);
-      },
-    }).finally(() => {
-      if (seq !== state.seq) return;
-      state.busy = false;
-      updateButtons();
-    });
-  }
+const drawChart = (w) => (w.state.last ? renderChart(w.view, w.state.last, w.state.hello).then(() => bindClick(w)) : Promise.resolve());
 
-  function reset() {
-    job.cancel();
-    state.seq += 1;
+// One step on the engine: prefill first, then one decode step per call.
+function step(w) {
+  const { state, view } = w;
+  if (state.busy) return Promise.resolve();
+  const s = settings(view);
+  const body = { type: "next_token", tokens: state.tokens.slice(), top: s.top, temperature: s.temperature, top_k: s.top_k, top_p: s.top_p };
+  if (s.seed !== null) body.seed = s.seed;
+  if (view.chatBox.checked) body.messages = [{ role: "user", content: view.promptBox.value }];
+  else body.prompt = view.promptBox.value;
+  state.busy = true;
+  updateButtons(w);
+  const seq = ++state.seq;   // a reset meanwhile starts a newer step: this one's end is then not the widget's
+  return w.job.run(body, {
+    running: state.tokens.length ? "Decoding one token…" : "Prefilling the prompt…",
+    render: (reply) => {
+      state.last = reply;
+      state.tokens.push(reply.chosen.id);
+      state.texts.push(reply.chosen.text);
+      state.ended = reply.ends_turn;
+      return renderStep(view, reply, state, (i) => override(w, i)).then(() => bindClick(w));
+    },
+  }).finally(() => {
+    if (seq !== state.seq) return;
     state.busy = false;
-    state.tokens = [];
-    state.texts = [];
-    state.ended = false;
-    updateButtons();
-    return step();
-  }
+    updateButtons(w);
+  });
+}
 
-  view.stepButton.addEventListener("click", step);
-  view.resetButton.addEventListener("click", reset);
-  const onPrompt = debounce(() => { syncOptions(); reset(); }, 600);
+function reset(w) {
+  const { state } = w;
+  w.job.cancel();
+  state.seq += 1;
+  state.busy = false;
+  state.tokens = [];
+  state.texts = [];
+  state.ended = false;
+  updateButtons(w);
+  return step(w);
+}
+
+// The controls' events; returns the function that cancels what is pending.
+function listen(w) {
+  const { view, root } = w;
+  const failed = (err) => setState(root, "error", `Drawing failed: ${err.message}`);
+  view.stepButton.addEventListener("click", () => step(w));
+  view.resetButton.addEventListener("click", () => reset(w));
+  const onPrompt = debounce(() => { syncOptions(w); reset(w); }, 600);
   view.promptBox.addEventListener("input", onPrompt);
-  view.chatBox.addEventListener("change", () => { syncOptions(); reset(); });
-  const live = () => { renderSettings(view); syncOptions(); drawChart().catch(failed); };
+  view.chatBox.addEventListener("change", () => { syncOptions(w); reset(w); });
+  const live = () => { renderSettings(view); syncOptions(w); drawChart(w).catch(failed); };
   for (const node of [view.temperature, view.topP, view.topK, view.seed]) node.addEventListener("input", live);
-  view.top.addEventListener("change", syncOptions);
-
+  view.top.addEventListener("change", () => syncOptions(w));
   let lastWidth = 0;
   const observer = new ResizeObserver(debounce(() => {
-    if (!state.last || root.clientWidth === lastWidth) return;
+    if (!w.state.last || root.clientWidth === lastWidth) return;
     lastWidth = root.clientWidth;
-    drawChart().catch(failed);
+    drawChart(w).catch(failed);
   }, 200));
   observer.observe(root);
+  return () => { onPrompt.cancel(); observer.disconnect(); };
+}
 
+export function mount(root, ctx) {
+  const { values: opts } = ctx.readOptions(OPTIONS);
+  const view = build(opts);
+  root.append(...view.nodes);
+  const w = {
+    root, ctx, view,
+    state: { hello: null, tokens: [], texts: [], last: null, busy: false, ended: false, clickBound: false, seq: 0 },
+    job: jobRunner(root, { client: ctx.client, progress: view.status }),
+  };
+  const unlisten = listen(w);
   renderSettings(view);
   const offStatus = ctx.connected((hello) => {
-    state.hello = hello;
-    return reset();
+    w.state.hello = hello;
+    return reset(w);
   });
   return () => {
-    onPrompt.cancel();
-    observer.disconnect();
-    job.stop();
+    unlisten();
+    w.job.stop();
     offStatus();
     purge(view.chartNode);
     root.replaceChildren();
