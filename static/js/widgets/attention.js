@@ -16,6 +16,7 @@ const DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to
 const CHIP_LIMIT = 300;        // more tokens than this: no chips, pick the query on the map or by number
 const LABEL_LIMIT = 48;        // more rows than this: the axes show positions, not token texts
 const HOVER_TEXT_LIMIT = 150;  // more rows than this: hover shows positions only (keeps the page light)
+const DENSE_ROW = 200;         // a longer row is drawn as a filled line, not as a bar per key
 const COLORS = [[0, "#f7f8fb"], [0.2, "#cfdcf6"], [0.45, "#86a6e8"], [0.7, "#3c67cc"], [1, "#13306f"]];
 const MASKED = "#e4e1d9";
 const CHIP_BLUE = [47, 95, 208];       // a chip's shade: this blue at an opacity that grows with its weight
@@ -208,15 +209,20 @@ export async function renderRow(view, r, q, weights, focus) {
   tintChips(view, r, q, weights, top);
   const keys = weights.map((_, j) => j);
   const labelled = keys.length <= 40;
-  await plot(view.rowNode, [{
-    type: "bar", x: keys, y: weights,
-    marker: { color: keys.map((j) => (j === top ? "#d0711b" : "#3c67cc")) },
-    text: keys.map((j) => `#${j} ${escapeLabel(shortLabel(r.tokens[j].text, 16))}`),
-    hovertemplate: "%{text}<br>weight %{y:.4f}<extra></extra>", textposition: "none",
-  }], {
+  const hoverText = keys.map((j) => `#${j} ${escapeLabel(shortLabel(r.tokens[j].text, 16))}`);
+  const hovertemplate = "%{text}<br>weight %{y:.4f}<extra></extra>";
+  // a long row is one filled step line and one marker, not an element per key: the page stays
+  // the same weight however long the text
+  const traces = keys.length > DENSE_ROW
+    ? [{ type: "scatter", mode: "lines", x: keys, y: weights, text: hoverText, hovertemplate, fill: "tozeroy",
+      line: { color: "#3c67cc", width: 1, shape: "hvh" }, fillcolor: "rgba(60, 103, 204, 0.35)" },
+    { type: "scatter", mode: "markers", x: [top], y: [weights[top]], text: [hoverText[top]], hovertemplate, marker: { color: "#d0711b", size: 8 } }]
+    : [{ type: "bar", x: keys, y: weights, text: hoverText, hovertemplate, textposition: "none",
+      marker: { color: keys.map((j) => (j === top ? "#d0711b" : "#3c67cc")) } }];
+  await plot(view.rowNode, traces, {
     height: 240,
     margin: { l: 44, r: 8, t: 8, b: labelled ? 70 : 40 },
-    bargap: keys.length > 200 ? 0 : 0.15,
+    bargap: 0.15,
     xaxis: labelled
       ? { tickvals: keys, ticktext: keys.map((j) => escapeLabel(shortLabel(r.tokens[j].text))), tickangle: -60, tickfont: { size: 9 } }
       : { title: { text: "key token (position)", font: { size: 11 } } },
