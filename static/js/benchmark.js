@@ -3,7 +3,7 @@
 // data-figure. The root main.bench gets data-state "ready" once every plot is drawn.
 
 import { plot } from "./lib/chart.js";
-import { setState } from "./lib/dom.js";
+import { describeChart, scrollBox, setState } from "./lib/dom.js";
 
 const COLORS = {
   "ours fp32": "#8fa8e6", "ours bf16": "#2f5fd0", "ours q4_1": "#12306e",
@@ -113,6 +113,15 @@ function targetsChart(view, node) {
   });
 }
 
+// A chart is an image to a screen reader, summed up by its section's prose and table of numbers.
+function describe(node) {
+  const section = node.closest("section");
+  const parts = [section?.querySelector(".prose"), section?.querySelector("table")].filter(Boolean);
+  parts.forEach((part, i) => { if (!part.id) part.id = `${node.id}-summary-${i}`; });
+  describeChart(node, node.getAttribute("aria-label") || node.id);
+  if (parts.length) node.setAttribute("aria-describedby", parts.map((p) => p.id).join(" "));
+}
+
 async function main() {
   const root = document.querySelector("main.bench");
   const source = document.getElementById("bench-view");
@@ -122,6 +131,10 @@ async function main() {
     const draw = [["chart-decode", decodeChart], ["chart-prefill", prefillChart], ["chart-serve", serveChart],
       ["chart-latency", latencyChart], ["chart-targets", targetsChart]];
     await Promise.all(draw.map(([id, fn]) => fn(view, document.getElementById(id))));
+    for (const [id] of draw) describe(document.getElementById(id));
+    for (const box of root.querySelectorAll(".bench-scroll")) {
+      scrollBox(box, `Table: ${box.closest("section")?.querySelector("h2")?.textContent ?? "the numbers"}`);
+    }
     setState(root, "ready");
   } catch (err) {
     console.error(err);

@@ -5,10 +5,11 @@
 // batch splits into per-expert batches. The stored perplexity table says what top-k costs in
 // quality; the last figure runs the layer with its experts in worker processes (all-to-all).
 
-import { el, field, select, setState, svg } from "../lib/dom.js";
+import { describeChart, el, field, select, setDisabled, svg } from "../lib/dom.js";
 import { plot, purge } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum, visibleWhitespace } from "../lib/format.js";
+import { jobRunner, percent } from "../lib/job.js";
 
 const DEFAULT_TEXTS = [
   "The cat sat on the mat and watched the rain run down the window.",
@@ -30,261 +31,240 @@ const labelled = (node, cls) => { node.classList.add(cls); return node; };
 const plural = (n, word) => `${fmtNum(n)} ${word}${n === 1 ? "" : "s"}`;
 const color = (e, n) => `hsl(${Math.round((360 * e) / n)}, 62%, 42%)`;
 
-export function mount(root, ctx) {
-  const client = ctx.client;
-  const opts = ctx.readOptions(OPTIONS).values;
-  const state = { routed: null, parallel: null, run: 0, layers: 30, abort: [] };
-
-  const texts = el("textarea", { name: "texts", rows: 4, class: "text-input moe-texts", "aria-label": "Texts of the batch, one per line" });
-  texts.value = opts.texts;
-  const topK = select(OPTIONS.top_k.choices.map((k) => [k, `top-${k}`]), opts.top_k, { name: "top_k", "aria-label": "Experts per token" });
-  const layerSel = select([[opts.layer, `layer ${opts.layer}`]], opts.layer, { name: "layer", "aria-label": "Layer" });
-  const workers = select(OPTIONS.workers.choices.map((w) => [w, `${w} processes`]), opts.workers, { name: "workers", "aria-label": "Worker processes" });
-  const go = el("button", { type: "button", class: "primary", text: "Route the batch" });
-  const again = el("button", { type: "button", text: "Time the exchange again" });
-  const progress = el("p", { class: "progress", "aria-live": "polite" });
-
-  const experts = stat("Experts per layer", { key: "experts", badge: "live" });
-  const topKStat = stat("Experts per token", { key: "top_k", badge: "live", note: "the router's top-k" });
-  const tokens = stat("Tokens in the batch", { key: "batch_tokens", badge: "live" });
-  const pplDense = stat("Perplexity, dense", { key: "perplexity_dense", badge: "computed", note: "held-out text" });
-  const pplTopK = stat("Perplexity, MoE", { key: "perplexity_topk", badge: "computed" });
-  const alltoall = stat("All-to-all per layer", { key: "alltoall_ms", badge: "measured", note: "dispatch + return" });
-
-  const routing = el("div", { class: "moe-routing", role: "img" });
-  const routingNote = el("p", { class: "note" });
-  const loadChart = el("div", { class: "chart moe-load", "aria-label": "Tokens per expert over the whole batch" });
-  const loadNote = el("p", { class: "note" });
-  const splitChart = el("div", { class: "chart moe-split", "aria-label": "Per-expert batch against global batch" });
-  const splitNote = el("p", { class: "note" });
-  const pplTable = el("div", { class: "moe-ppl" });
-  const pplNote = el("p", { class: "note" });
-  const sentTable = el("div", { class: "moe-sent" });
-  const phaseTable = el("div", { class: "moe-phases" });
-  const epNote = el("p", { class: "note" });
-  const machineLine = el("p", { class: "note machine" });
-
-  root.append(
+function build(opts) {
+  const view = {
+    texts: el("textarea", { name: "texts", rows: 4, class: "text-input moe-texts", "aria-label": "Texts of the batch, one per line" }),
+    topK: select(OPTIONS.top_k.choices.map((k) => [k, `top-${k}`]), opts.top_k, { name: "top_k", "aria-label": "Experts per token" }),
+    layerSel: select([[opts.layer, `layer ${opts.layer}`]], opts.layer, { name: "layer", "aria-label": "Layer" }),
+    workers: select(OPTIONS.workers.choices.map((w) => [w, `${w} processes`]), opts.workers, { name: "workers", "aria-label": "Worker processes" }),
+    go: el("button", { type: "button", class: "primary", text: "Route the batch" }),
+    again: el("button", { type: "button", text: "Time the exchange again" }),
+    progress: el("p", { class: "progress", "aria-live": "polite" }),
+    experts: stat("Experts per layer", { key: "experts", badge: "live" }),
+    topKStat: stat("Experts per token", { key: "top_k", badge: "live", note: "the router's top-k" }),
+    tokens: stat("Tokens in the batch", { key: "batch_tokens", badge: "live" }),
+    pplDense: stat("Perplexity, dense", { key: "perplexity_dense", badge: "computed", note: "held-out text" }),
+    pplTopK: stat("Perplexity, MoE", { key: "perplexity_topk", badge: "computed" }),
+    alltoall: stat("All-to-all per layer", { key: "alltoall_ms", badge: "measured", note: "dispatch + return" }),
+    routing: el("div", { class: "moe-routing", role: "img" }),
+    routingNote: el("p", { class: "note" }),
+    loadChart: el("div", { class: "chart moe-load" }),
+    loadNote: el("p", { class: "note" }),
+    splitChart: el("div", { class: "chart moe-split" }),
+    splitNote: el("p", { class: "note" }),
+    pplTable: el("div", { class: "moe-ppl" }),
+    pplNote: el("p", { class: "note" }),
+    sentTable: el("div", { class: "moe-sent" }),
+    phaseTable: el("div", { class: "moe-phases" }),
+    epNote: el("p", { class: "note" }),
+    machineLine: el("p", { class: "note machine" }),
+  };
+  const v = view;
+  v.texts.value = opts.texts;
+  describeChart(v.routing, "The first tokens and the experts their router picked", v.routingNote);
+  describeChart(v.loadChart, "Tokens per expert over the whole batch", v.loadNote);
+  describeChart(v.splitChart, "Per-expert batch against global batch", v.splitNote);
+  view.nodes = [
     el("div", { class: "controls moe-controls" }, [
-      labelled(field("a batch of texts, one per line (up to 8)", texts), "moe-texts-field"),
-      el("div", { class: "moe-selects" }, [field("experts per token", topK), field("layer", layerSel), field("expert parallel", workers), go, again]),
+      labelled(field("a batch of texts, one per line (up to 8)", v.texts), "moe-texts-field"),
+      el("div", { class: "moe-selects" }, [field("experts per token", v.topK), field("layer", v.layerSel), field("expert parallel", v.workers), v.go, v.again]),
     ]),
-    progress,
-    el("div", { class: "stats" }, [experts.node, topKStat.node, tokens.node, pplDense.node, pplTopK.node, alltoall.node]),
-    figure("The first 12 tokens, drawn to their experts", ["live"], [routing, routingNote]),
-    figure("Each expert's load over the whole batch", ["live", "computed"], [loadChart, loadNote]),
-    figure("Per-expert batch against global batch", ["live", "computed"], [splitChart, splitNote]),
-    figure("What top-k costs: perplexity on held-out text", ["computed"], [pplTable, pplNote]),
-    figure("Expert parallelism: the layer across worker processes", ["measured", "live"], [el("div", { class: "moe-ep" }, [sentTable, phaseTable]), epNote, machineLine]),
-  );
+    v.progress,
+    el("div", { class: "stats" }, [v.experts.node, v.topKStat.node, v.tokens.node, v.pplDense.node, v.pplTopK.node, v.alltoall.node]),
+    figure("The first 12 tokens, drawn to their experts", ["live"], [v.routing, v.routingNote]),
+    figure("Each expert's load over the whole batch", ["live", "computed"], [v.loadChart, v.loadNote]),
+    figure("Per-expert batch against global batch", ["live", "computed"], [v.splitChart, v.splitNote]),
+    figure("What top-k costs: perplexity on held-out text", ["computed"], [v.pplTable, v.pplNote]),
+    figure("Expert parallelism: the layer across worker processes", ["measured", "live"], [el("div", { class: "moe-ep" }, [v.sentTable, v.phaseTable]), v.epNote, v.machineLine]),
+  ];
+  return view;
+}
+
+// ---- the routing of the first tokens (SVG: tokens left, experts right, a line per choice) ----
+function renderRouting(view, r, layer) {
+  const L = r.layers[layer], E = r.experts, n = r.tokens.length;
+  const rowH = 24, top = 18, height = top + Math.max(n, 1) * rowH + 8;
+  const expH = (height - top - 8) / E, xTok = 150, xExp = 430, width = 560;
+  const parts = [
+    svg("text", { x: 4, y: 12, "font-size": 11, fill: "#6a6f78", text: "token" }),
+    svg("text", { x: xExp + 8, y: 12, "font-size": 11, fill: "#6a6f78", text: `expert (layer ${layer})` }),
+  ];
+  for (let e = 0; e < E; e += 1) {
+    const y = top + e * expH;
+    parts.push(svg("rect", { x: xExp, y: y + 1, width: 34, height: Math.max(expH - 2, 2), rx: 3, fill: color(e, E), opacity: 0.9 }));
+    parts.push(svg("text", { x: xExp + 17, y: y + expH / 2 + 4, "text-anchor": "middle", "font-size": 10, fill: "#fff", text: `E${e}` }));
+    parts.push(svg("text", { x: xExp + 40, y: y + expH / 2 + 4, "font-size": 10, fill: "#6a6f78", text: plural(L.load[e], "token") }));
+  }
+  r.tokens.forEach((tok, i) => {
+    const y = top + i * rowH + rowH / 2;
+    const label = visibleWhitespace(tok.text);
+    parts.push(svg("text", { x: xTok - 8, y: y + 4, "text-anchor": "end", "font-size": 12, "font-family": "ui-monospace, monospace", fill: "#1d1f23",
+      text: label.length > 16 ? `${label.slice(0, 15)}…` : label }));
+    parts.push(svg("text", { x: 4, y: y + 4, "font-size": 9, fill: "#9aa0a8", text: `t${tok.text_index + 1}` }));
+    L.first[i].forEach((e, j) => {
+      const p = L.first_probs[i][j];
+      parts.push(svg("path", { d: `M${xTok} ${y} C${(xTok + xExp) / 2} ${y}, ${(xTok + xExp) / 2} ${top + (e + 0.5) * expH}, ${xExp} ${top + (e + 0.5) * expH}`,
+        fill: "none", stroke: color(e, E), "stroke-width": (1 + 5 * p).toFixed(2), opacity: 0.75 }));
+    });
+  });
+  view.routing.replaceChildren(svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", preserveAspectRatio: "xMinYMin meet" }, parts));
+  view.routing.setAttribute("aria-label", `The first ${n} tokens and the ${r.top_k} experts each one's router picked in layer ${layer}`);
+  view.routingNote.textContent = `Each token goes to the ${r.top_k} experts its router scored highest (line width: the router's probability). `
+    + `Only those ${r.top_k} of ${E} experts run for it: ${fmtNum(r.top_k * r.expert_size)} of the MLP's ${fmtNum(E * r.expert_size)} units. `
+    + `t1, t2… say which text of the batch a token comes from. Routers: ${r.routers === "random" ? "random (this model has no trained ones)" : "trained, shipped in toy_models/data/"}.`;
+}
+
+async function renderLoad(view, r, layer) {
+  const L = r.layers[layer], E = r.experts, even = (r.batch_tokens * r.top_k) / E;
+  await plot(view.loadChart, [
+    { type: "bar", x: L.load.map((_, e) => `E${e}`), y: L.load, marker: { color: L.load.map((_, e) => color(e, E)) },
+      hovertemplate: "%{x}: %{y} tokens<extra></extra>" },
+    { type: "scatter", mode: "lines", x: [`E0`, `E${E - 1}`], y: [even, even], line: { color: "#1d1f23", dash: "dash", width: 1 },
+      hovertemplate: `even split: ${fmtNum(even)}<extra></extra>` },
+  ], { height: 220, margin: { t: 10, b: 36, l: 44 }, yaxis: { title: { text: "tokens", font: { size: 10 } }, rangemode: "tozero" }, bargap: 0.15 });
+  const max = Math.max(...L.load), idle = L.load.filter((c) => c === 0).length;
+  view.loadNote.textContent = `Layer ${layer}: ${r.batch_tokens} tokens × ${r.top_k} experts = ${r.batch_tokens * r.top_k} token-expert pairs. `
+    + `An even split would give each expert ${fmtNum(even)} (dashed line, computed: B·k/E); the busiest got ${max}`
+    + `${idle ? `, and ${idle} got none` : ""}. A step takes as long as its busiest expert.`;
+}
+
+async function renderSplit(view, r, layer) {
+  const s = r.layers[layer].split;
+  const top = Math.max(...s.largest), ticks = [];                  // powers of two from B·k/E at B = 1
+  for (let t = s.even[0]; t <= top * 1.01; t *= 2) ticks.push(t);
+  await plot(view.splitChart, [
+    { type: "scatter", mode: "lines+markers", name: "busiest expert (measured)", x: s.sizes, y: s.largest, line: { color: "#b8323f", width: 2 },
+      hovertemplate: "batch %{x}: busiest expert %{y:.1f} tokens<extra></extra>" },
+    { type: "scatter", mode: "lines+markers", name: "mean over experts used (measured)", x: s.sizes, y: s.mean_active, line: { color: "#2f5fd0", width: 2 },
+      text: s.active.map((a) => fmtNum(a)), hovertemplate: "batch %{x}: %{text} experts used, %{y:.1f} tokens each<extra></extra>" },
+    { type: "scatter", mode: "lines", name: "B·k/E (computed)", x: s.sizes, y: s.even, line: { color: "#1d1f23", dash: "dash", width: 1 },
+      hovertemplate: "batch %{x}: B·k/E = %{y:.2f}<extra></extra>" },
+  ], {
+    height: 260, showlegend: true, legend: { orientation: "h", y: 1.18, x: 0, font: { size: 10 } }, margin: { t: 30, b: 40, l: 48 },
+    xaxis: { type: "log", tickvals: s.sizes, ticktext: s.sizes.map(String), title: { text: "tokens in the global batch (B)", font: { size: 10 } } },
+    yaxis: { type: "log", tickvals: ticks, ticktext: ticks.map((t) => fmtNum(t)), title: { text: "tokens per expert", font: { size: 10 } } },
+  });
+  const last = s.sizes.length - 1;
+  view.splitNote.textContent = `Batches of B tokens drawn at random from this batch's routing in layer ${layer} (${fmtNum(16)} draws each). `
+    + `With one token only ${r.top_k} experts work, on one row each: the thin products that batching exists to avoid. `
+    + `At B = ${s.sizes[last]}, ${fmtNum(s.active[last])} experts are used with ${fmtNum(s.mean_active[last])} tokens each on average, `
+    + `against the ${s.sizes[last]} rows a dense MLP would multiply at once.`;
+}
+
+function renderTable(view, r) {
+  const t = r.table;
+  if (!t) {
+    view.pplTable.replaceChildren();
+    view.pplNote.textContent = `No perplexity table: the ${r.model} model's routers are random, not trained.`;
+    return;
+  }
+  const rows = [["dense", "the dense model", t.perplexity.dense]].concat(
+    OPTIONS.top_k.choices.map((k) => [String(k), `top-${k} of ${t.experts}${k === t.experts ? " (every expert)" : ""}`, t.perplexity[String(k)]]));
+  view.pplTable.replaceChildren(el("table", { class: "moe-table" }, [
+    el("thead", {}, [el("tr", {}, [el("th", { text: "model" }), el("th", { text: "perplexity" })])]),
+    el("tbody", {}, rows.map(([key, label, value]) => el("tr", { class: key === String(r.top_k) ? "moe-chosen" : "" }, [
+      el("td", { text: label }), el("td", { class: "num", text: fmtNum(value, 4) })]))),
+  ]));
+  const x = t.text;
+  view.pplNote.textContent = `Computed: exp of the mean −log p(token | the tokens before it) over ${fmtNum(t.predicted_tokens)} predicted tokens `
+    + `(${x.eval_chunks} pieces of ${x.chunk_tokens}) of held-out text: ${x.source}, ${x.held_out}. The experts and routers were fitted on `
+    + `${fmtNum(x.calibration_tokens)} other tokens of the same source. Made by ${t.made_by} at ${t.made_at.slice(0, 16).replace("T", " ")} UTC `
+    + `(torch ${t.torch}, ${t.threads} threads, ${fmtNum(t.seconds)} s) and stored with the routers. `
+    + "All 16 experts are the dense MLP, so top-16 matches dense. Fewer experts cost quality: these experts were cut out of a model "
+    + "trained dense, not trained as experts, and most tokens need more than two of them.";
+}
+
+export function renderParallel(view, p) {
+  const W = p.workers;
+  const head = el("tr", {}, [el("th", { text: "from \\ to" }), ...Array.from({ length: W }, (_, j) => el("th", { text: `rank ${j}` }))]);
+  const body = p.sent.map((row, i) => el("tr", {}, [el("th", { text: `rank ${i}` }), ...row.map((n) => el("td", { class: "num", text: String(n) }))]));
+  view.sentTable.replaceChildren(el("p", { class: "moe-caption", text: "token rows each rank sent to each rank (dispatch)" }),
+    el("table", { class: "moe-table" }, [el("thead", {}, [head]), el("tbody", {}, body)]));
+  view.phaseTable.replaceChildren(el("p", { class: "moe-caption", text: `one layer, slowest rank, median of ${p.runs} runs` }),
+    el("table", { class: "moe-table" }, [el("tbody", {}, PHASES.map(([key, label]) => el("tr", {}, [
+      el("td", { text: label }), el("td", { class: "num", text: fmtMs(p.phase_ms[key]) })])))]));
+  view.alltoall.set(p.alltoall_ms, fmtMs(p.alltoall_ms));
+  const ranges = p.experts.map(([a, b], i) => `rank ${i} holds E${a}–E${b - 1}`).join(", ");
+  view.epNote.textContent = `Layer ${p.layer}, ${p.batch_tokens} tokens, top-${p.top_k}: ${ranges}, and each takes 1/${W} of the tokens. `
+    + `Each token row travels to the ranks holding its experts and its results travel back: two all-to-all exchanges, `
+    + `${fmtMs(p.alltoall_ms)} together, against ${fmtMs(p.phase_ms.compute)} of expert arithmetic. `
+    + `The output equals this layer run in one process (largest difference ${p.max_abs_diff}).`;
+  const m = p.machine;
+  view.machineLine.textContent = `Measured here: ${W} worker processes with ${p.worker_threads} torch thread each (gloo over loopback), `
+    + `on ${m.system} ${m.processor} with ${m.cpu_count} CPU cores, at ${m.measured_at.slice(11, 16)} UTC on ${m.measured_at.slice(0, 10)}. `
+    + "The machine is shared: times move from run to run.";
+}
+
+// A routing reply drawn for one layer.
+export async function renderRouted(view, r, layer) {
+  view.experts.set(r.experts);
+  view.topKStat.set(r.top_k);
+  view.tokens.set(r.batch_tokens);
+  view.pplDense.set(r.perplexity_dense, fmtNum(r.perplexity_dense, 4));
+  view.pplTopK.set(r.perplexity_topk, fmtNum(r.perplexity_topk, 4));
+  renderRouting(view, r, layer);
+  renderTable(view, r);
+  await Promise.all([renderLoad(view, r, layer), renderSplit(view, r, layer)]);
+}
+
+function setLayers(layerSel, n) {
+  const current = Math.min(Number(layerSel.value), n - 1);
+  layerSel.replaceChildren(...Array.from({ length: n }, (_, i) => el("option", { value: String(i), text: `layer ${i}` })));
+  layerSel.value = String(current);
+}
+
+const ROUTERS = { trained: "trained routers", served: "routers (this server runs the MoE model)", random: "random routers" };
+
+export function mount(root, ctx) {
+  const opts = ctx.readOptions(OPTIONS).values;
+  const state = { routed: null, run: 0 };
+  const view = build(opts);
+  root.append(...view.nodes);
+  // both buttons are off while a run goes; "again" is the runner's, "go" follows it
+  const job = jobRunner(root, { client: ctx.client, progress: view.progress, button: view.again });
 
   function values() {
-    const list = texts.value.split("\n").map((t) => t.trim()).filter(Boolean);
-    return { texts: list, top_k: Number(topK.value), layer: Number(layerSel.value), workers: Number(workers.value) };
+    const list = view.texts.value.split("\n").map((t) => t.trim()).filter(Boolean);
+    return { texts: list, top_k: Number(view.topK.value), layer: Number(view.layerSel.value), workers: Number(view.workers.value) };
   }
 
-  // ---- the routing of the first tokens (SVG: tokens left, experts right, a line per choice) ----
-  function drawRouting(r, layer) {
-    const L = r.layers[layer], E = r.experts, n = r.tokens.length;
-    const rowH = 24, top = 18, height = top + Math.max(n, 1) * rowH + 8;
-    const expH = (height - top - 8) / E, xTok = 150, xExp = 430, width = 560;
-    const parts = [
-      svg("text", { x: 4, y: 12, "font-size": 11, fill: "#6a6f78", text: "token" }),
-      svg("text", { x: xExp + 8, y: 12, "font-size": 11, fill: "#6a6f78", text: `expert (layer ${layer})` }),
-    ];
-    for (let e = 0; e < E; e += 1) {
-      const y = top + e * expH;
-      parts.push(svg("rect", { x: xExp, y: y + 1, width: 34, height: Math.max(expH - 2, 2), rx: 3, fill: color(e, E), opacity: 0.9 }));
-      parts.push(svg("text", { x: xExp + 17, y: y + expH / 2 + 4, "text-anchor": "middle", "font-size": 10, fill: "#fff", text: `E${e}` }));
-      parts.push(svg("text", { x: xExp + 40, y: y + expH / 2 + 4, "font-size": 10, fill: "#6a6f78", text: plural(L.load[e], "token") }));
-    }
-    r.tokens.forEach((tok, i) => {
-      const y = top + i * rowH + rowH / 2;
-      const label = visibleWhitespace(tok.text);
-      parts.push(svg("text", { x: xTok - 8, y: y + 4, "text-anchor": "end", "font-size": 12, "font-family": "ui-monospace, monospace", fill: "#1d1f23",
-        text: label.length > 16 ? `${label.slice(0, 15)}…` : label }));
-      parts.push(svg("text", { x: 4, y: y + 4, "font-size": 9, fill: "#9aa0a8", text: `t${tok.text_index + 1}` }));
-      L.first[i].forEach((e, j) => {
-        const p = L.first_probs[i][j];
-        parts.push(svg("path", { d: `M${xTok} ${y} C${(xTok + xExp) / 2} ${y}, ${(xTok + xExp) / 2} ${top + (e + 0.5) * expH}, ${xExp} ${top + (e + 0.5) * expH}`,
-          fill: "none", stroke: color(e, E), "stroke-width": (1 + 5 * p).toFixed(2), opacity: 0.75 }));
-      });
-    });
-    routing.replaceChildren(svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", preserveAspectRatio: "xMinYMin meet" }, parts));
-    routing.setAttribute("aria-label", `The first ${n} tokens and the ${r.top_k} experts each one's router picked in layer ${layer}`);
-    routingNote.textContent = `Each token goes to the ${r.top_k} experts its router scored highest (line width: the router's probability). `
-      + `Only those ${r.top_k} of ${E} experts run for it: ${fmtNum(r.top_k * r.expert_size)} of the MLP's ${fmtNum(E * r.expert_size)} units. `
-      + `t1, t2… say which text of the batch a token comes from. Routers: ${r.routers === "random" ? "random (this model has no trained ones)" : "trained, shipped in toy_models/data/"}.`;
-  }
-
-  async function drawLoad(r, layer) {
-    const L = r.layers[layer], E = r.experts, even = (r.batch_tokens * r.top_k) / E;
-    await plot(loadChart, [
-      { type: "bar", x: L.load.map((_, e) => `E${e}`), y: L.load, marker: { color: L.load.map((_, e) => color(e, E)) },
-        hovertemplate: "%{x}: %{y} tokens<extra></extra>" },
-      { type: "scatter", mode: "lines", x: [`E0`, `E${E - 1}`], y: [even, even], line: { color: "#1d1f23", dash: "dash", width: 1 },
-        hovertemplate: `even split: ${fmtNum(even)}<extra></extra>` },
-    ], { height: 220, margin: { t: 10, b: 36, l: 44 }, yaxis: { title: { text: "tokens", font: { size: 10 } }, rangemode: "tozero" }, bargap: 0.15 });
-    const max = Math.max(...L.load), idle = L.load.filter((c) => c === 0).length;
-    loadNote.textContent = `Layer ${layer}: ${r.batch_tokens} tokens × ${r.top_k} experts = ${r.batch_tokens * r.top_k} token-expert pairs. `
-      + `An even split would give each expert ${fmtNum(even)} (dashed line, computed: B·k/E); the busiest got ${max}`
-      + `${idle ? `, and ${idle} got none` : ""}. A step takes as long as its busiest expert.`;
-  }
-
-  async function drawSplit(r, layer) {
-    const s = r.layers[layer].split;
-    const top = Math.max(...s.largest), ticks = [];                  // powers of two from B·k/E at B = 1
-    for (let t = s.even[0]; t <= top * 1.01; t *= 2) ticks.push(t);
-    await plot(splitChart, [
-      { type: "scatter", mode: "lines+markers", name: "busiest expert (measured)", x: s.sizes, y: s.largest, line: { color: "#b8323f", width: 2 },
-        hovertemplate: "batch %{x}: busiest expert %{y:.1f} tokens<extra></extra>" },
-      { type: "scatter", mode: "lines+markers", name: "mean over experts used (measured)", x: s.sizes, y: s.mean_active, line: { color: "#2f5fd0", width: 2 },
-        text: s.active.map((a) => fmtNum(a)), hovertemplate: "batch %{x}: %{text} experts used, %{y:.1f} tokens each<extra></extra>" },
-      { type: "scatter", mode: "lines", name: "B·k/E (computed)", x: s.sizes, y: s.even, line: { color: "#1d1f23", dash: "dash", width: 1 },
-        hovertemplate: "batch %{x}: B·k/E = %{y:.2f}<extra></extra>" },
-    ], {
-      height: 260, showlegend: true, legend: { orientation: "h", y: 1.18, x: 0, font: { size: 10 } }, margin: { t: 30, b: 40, l: 48 },
-      xaxis: { type: "log", tickvals: s.sizes, ticktext: s.sizes.map(String), title: { text: "tokens in the global batch (B)", font: { size: 10 } } },
-      yaxis: { type: "log", tickvals: ticks, ticktext: ticks.map((t) => fmtNum(t)), title: { text: "tokens per expert", font: { size: 10 } } },
-    });
-    const last = s.sizes.length - 1;
-    splitNote.textContent = `Batches of B tokens drawn at random from this batch's routing in layer ${layer} (${fmtNum(16)} draws each). `
-      + `With one token only ${r.top_k} experts work, on one row each: the thin products that batching exists to avoid. `
-      + `At B = ${s.sizes[last]}, ${fmtNum(s.active[last])} experts are used with ${fmtNum(s.mean_active[last])} tokens each on average, `
-      + `against the ${s.sizes[last]} rows a dense MLP would multiply at once.`;
-  }
-
-  function drawTable(r) {
-    const t = r.table;
-    if (!t) {
-      pplTable.replaceChildren();
-      pplNote.textContent = `No perplexity table: the ${r.model} model's routers are random, not trained.`;
-      return;
-    }
-    const rows = [["dense", "the dense model", t.perplexity.dense]].concat(
-      OPTIONS.top_k.choices.map((k) => [String(k), `top-${k} of ${t.experts}${k === t.experts ? " (every expert)" : ""}`, t.perplexity[String(k)]]));
-    pplTable.replaceChildren(el("table", { class: "moe-table" }, [
-      el("thead", {}, [el("tr", {}, [el("th", { text: "model" }), el("th", { text: "perplexity" })])]),
-      el("tbody", {}, rows.map(([key, label, value]) => el("tr", { class: key === String(r.top_k) ? "moe-chosen" : "" }, [
-        el("td", { text: label }), el("td", { class: "num", text: fmtNum(value, 4) })]))),
-    ]));
-    const x = t.text;
-    pplNote.textContent = `Computed: exp of the mean −log p(token | the tokens before it) over ${fmtNum(t.predicted_tokens)} predicted tokens `
-      + `(${x.eval_chunks} pieces of ${x.chunk_tokens}) of held-out text: ${x.source}, ${x.held_out}. The experts and routers were fitted on `
-      + `${fmtNum(x.calibration_tokens)} other tokens of the same source. Made by ${t.made_by} at ${t.made_at.slice(0, 16).replace("T", " ")} UTC `
-      + `(torch ${t.torch}, ${t.threads} threads, ${fmtNum(t.seconds)} s) and stored with the routers. `
-      + "All 16 experts are the dense MLP, so top-16 matches dense. Fewer experts cost quality: these experts were cut out of a model "
-      + "trained dense, not trained as experts, and most tokens need more than two of them.";
-  }
-
-  function drawParallel(p) {
-    const W = p.workers;
-    const head = el("tr", {}, [el("th", { text: "from \\ to" }), ...Array.from({ length: W }, (_, j) => el("th", { text: `rank ${j}` }))]);
-    const body = p.sent.map((row, i) => el("tr", {}, [el("th", { text: `rank ${i}` }), ...row.map((n) => el("td", { class: "num", text: String(n) }))]));
-    sentTable.replaceChildren(el("p", { class: "moe-caption", text: "token rows each rank sent to each rank (dispatch)" }),
-      el("table", { class: "moe-table" }, [el("thead", {}, [head]), el("tbody", {}, body)]));
-    phaseTable.replaceChildren(el("p", { class: "moe-caption", text: `one layer, slowest rank, median of ${p.runs} runs` }),
-      el("table", { class: "moe-table" }, [el("tbody", {}, PHASES.map(([key, label]) => el("tr", {}, [
-        el("td", { text: label }), el("td", { class: "num", text: fmtMs(p.phase_ms[key]) })])))]));
-    alltoall.set(p.alltoall_ms, fmtMs(p.alltoall_ms));
-    const ranges = p.experts.map(([a, b], i) => `rank ${i} holds E${a}–E${b - 1}`).join(", ");
-    epNote.textContent = `Layer ${p.layer}, ${p.batch_tokens} tokens, top-${p.top_k}: ${ranges}, and each takes 1/${W} of the tokens. `
-      + `Each token row travels to the ranks holding its experts and its results travel back: two all-to-all exchanges, `
-      + `${fmtMs(p.alltoall_ms)} together, against ${fmtMs(p.phase_ms.compute)} of expert arithmetic. `
-      + `The output equals this layer run in one process (largest difference ${p.max_abs_diff}).`;
-    const m = p.machine;
-    machineLine.textContent = `Measured here: ${W} worker processes with ${p.worker_threads} torch thread each (gloo over loopback), `
-      + `on ${m.system} ${m.processor} with ${m.cpu_count} CPU cores, at ${m.measured_at.slice(11, 16)} UTC on ${m.measured_at.slice(0, 10)}. `
-      + "The machine is shared: times move from run to run.";
-  }
-
-  async function render(layer) {
-    const r = state.routed;
-    experts.set(r.experts);
-    topKStat.set(r.top_k);
-    tokens.set(r.batch_tokens);
-    pplDense.set(r.perplexity_dense, fmtNum(r.perplexity_dense, 4));
-    pplTopK.set(r.perplexity_topk, fmtNum(r.perplexity_topk, 4));
-    drawRouting(r, layer);
-    drawTable(r);
-    await Promise.all([drawLoad(r, layer), drawSplit(r, layer)]);
-  }
-
-  function cancel() {
-    for (const c of state.abort) c.abort();
-    state.abort = [];
-  }
-
-  function call(msg, note) {
-    const controller = new AbortController();
-    state.abort.push(controller);
-    return client.call(msg, {
-      signal: controller.signal,
-      onProgress: (p) => { progress.textContent = `${note}: ${p.note} (${Math.round((100 * p.done) / p.total)}%)…`; },
-    }).then((r) => (controller.signal.aborted ? null : r));
-  }
-
-  function fail(err) {
-    if (err.code === "aborted" || err.name === "AbortError") return;
-    progress.textContent = "";
-    setState(root, "error", err.message);
-  }
-
-  // route: the routing job (texts, top_k) then the parallel run; parallel only: the layer's run
-  async function update(routeToo) {
+  // routeToo: the routing job (texts, top_k) then the parallel run; else the parallel run only.
+  function update(routeToo) {
     const v = values();
     if (!v.texts.length || v.texts.length > MAX_TEXTS) {
-      progress.textContent = `Write 1 to ${MAX_TEXTS} texts, one per line.`;
-      return;
+      view.progress.textContent = `Write 1 to ${MAX_TEXTS} texts, one per line.`;
+      return Promise.resolve();
     }
-    cancel();
     ctx.setOptions({ ...v, texts: v.texts.join("\n") }, OPTIONS);
-    setState(root, "loading");
-    go.disabled = again.disabled = true;
-    try {
-      if (routeToo || !state.routed) {
-        const r = await call({ type: "moe", texts: v.texts, top_k: v.top_k }, "Routing");
-        if (!r) return;
-        state.routed = r;
-      }
-      await render(v.layer);
-      progress.textContent = "Routed; now running the layer in worker processes…";
-      alltoall.set(null);
-      const p = await call({ type: "moe-parallel", texts: v.texts, top_k: v.top_k, layer: v.layer, workers: v.workers, run: state.run }, "Expert parallel");
-      if (!p) return;
-      state.parallel = p;
-      drawParallel(p);
-      const by = { trained: "trained routers", served: "routers (this server runs the MoE model)", random: "random routers" }[state.routed.routers];
-      progress.textContent = `Routed by the MoE model's ${by}; layer ${p.layer} timed in ${p.workers} processes.`;
-      setState(root, "ready");
-    } catch (err) {
-      fail(err);
-    } finally {
-      go.disabled = again.disabled = false;
-    }
+    setDisabled(view.go, true);
+    return job.run(async (call) => {
+      const progress = (note) => (p) => `${note}: ${p.note} (${percent(p)})…`;
+      if (routeToo || !state.routed) state.routed = await call({ type: "moe", texts: v.texts, top_k: v.top_k }, progress("Routing"));
+      await renderRouted(view, state.routed, v.layer);
+      view.progress.textContent = "Routed; now running the layer in worker processes…";
+      view.alltoall.set(null);
+      return call({ type: "moe-parallel", texts: v.texts, top_k: v.top_k, layer: v.layer, workers: v.workers, run: state.run }, progress("Expert parallel"));
+    }, {
+      loading: true,
+      render: (p) => renderParallel(view, p),
+      done: (p) => `Routed by the MoE model's ${ROUTERS[state.routed.routers]}; layer ${p.layer} timed in ${p.workers} processes.`,
+    }).finally(() => setDisabled(view.go, view.again.disabled));
   }
 
-  function setLayers(n) {
-    state.layers = n;
-    const current = Math.min(Number(layerSel.value), n - 1);
-    layerSel.replaceChildren(...Array.from({ length: n }, (_, i) => el("option", { value: String(i), text: `layer ${i}` })));
-    layerSel.value = String(current);
-  }
-
-  go.addEventListener("click", () => update(true));
-  again.addEventListener("click", () => { state.run += 1; update(false); });
-  topK.addEventListener("change", () => update(true));
-  layerSel.addEventListener("change", () => update(false));
-  workers.addEventListener("change", () => update(false));
+  view.go.addEventListener("click", () => update(true));
+  view.again.addEventListener("click", () => { state.run += 1; update(false); });
+  view.topK.addEventListener("change", () => update(true));
+  view.layerSel.addEventListener("change", () => update(false));
+  view.workers.addEventListener("change", () => update(false));
   const offStatus = ctx.connected((hello) => {
-    setLayers(hello.num_layers);
+    setLayers(view.layerSel, hello.num_layers);
     return update(!state.routed);
   });
   return () => {
-    cancel();
+    job.stop();
     offStatus();
-    purge(loadChart);
-    purge(splitChart);
+    purge(view.loadChart);
+    purge(view.splitChart);
     root.replaceChildren();
   };
 }
