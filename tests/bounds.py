@@ -1,0 +1,111 @@
+"""Float tolerances derived from the arithmetic, for the tests that compare two computations.
+
+A test that compares floats computed in two different ways (another kernel, another summation
+order, another process split, another weight format) needs a bound that holds on every CPU and
+every kernel path, not one read off a run on one machine. Two ways to get one, both here:
+
+- an a-priori bound from rounding-error analysis (Higham, "Accuracy and Stability of Numerical
+  Algorithms", 2nd ed., ch. 3): a dot product of n terms summed in floating point in ANY order,
+  with or without fused multiply-adds, is within gamma_n * sum_i |a_i b_i| of the exact value,
+  gamma_n = n u / (1 - n u), u the unit roundoff (2^-24 for fp32). The order-independence is
+  what makes it hold for an AVX2 kernel, an AVX-512 kernel, oneDNN's or MKL's alike.
+- for a whole network, where an a-priori bound through 30 layers would be useless, a float64
+  reference of the same function with the same constants: the error of the computation under
+  test is compared with the error of the computation it stands in for, both against float64
+  (against_f64). Both errors are the network's amplification of per-operation roundings, so a
+  ratio k between them is a statement about the arithmetic, not about one machine.
+
+Nothing here reads a measured number: every bound is computed from the tensors of the test.
+"""
+
+import math
+
+import torch
+
+U32 = 2.0 ** -24        # fp32 unit roundoff: |fl(x) - x| <= u |x| for round-to-nearest
+U_BF16 = 2.0 ** -8      # bfloat16 unit roundoff (8 significant bits)
+
+
+def gamma(n: int, u: float = U32) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative error bound of n successive roundings
+    (a sum or dot product of n terms, any order, with or without FMA). Needs n u < 1."""
+    if n * u >= 1:
+        raise ValueError(f"gamma: n * u = {n * u} >= 1, no bound")
+    return n * u / (1 - n * u)
+
+
+def fp32_dot_bound(a: torch.Tensor, b: torch.Tensor, u: float = U32, extra_roundings: int = 0) -> torch.Tensor:
+    """Elementwise bound on |fl(a @ b.T) - a @ b.T| for a (N, n), b (M, n) in fp32:
+    gamma_{n + extra} * (|a| @ |b|.T), computed in float64 (Higham, Thm 3.1 / eq. 3.5). It holds
+    for any summation order and any blocking, so for every kernel (AVX2 or AVX-512 FMA chains,
+    oneDNN, MKL, several partial sums added afterwards); `extra_roundings` for kernels that round
+    a few more times on each term's path (a scale applied per group). Returns (N, M) float64."""
+    n = a.shape[-1] + extra_roundings
+    return gamma(n, u) * (a.double().abs() @ b.double().abs().T)
+
+
+def ulps(x, n: float = 1.0) -> float:
+    """n units in the last place of fp32 at the scale of x (a number, or a tensor's largest
+    magnitude): n * 2^(floor(log2 |x|) - 23). A floor for bounds whose other term can be 0
+    (a result rounded once to fp32 is within half an ulp of the exact value)."""
+    scale = float(x.abs().max()) if isinstance(x, torch.Tensor) else abs(float(x))
+    if scale == 0.0:
+        return 0.0
+    return n * 2.0 ** (math.floor(math.log2(scale)) - 23)
+
+
+def rounded_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to `dtype` once (round to nearest even), back in float64."""
+    return x.to(dtype).double()
+
+
+def against_f64(got: torch.Tensor, base: torch.Tensor, exact: torch.Tensor, k: float,
+                floor_ulps: float = 4.0) -> tuple[float, float, float]:
+    """(error of `got`, its bound, error of `base`), all against the float64 `exact`:
+    bound = k * max|base - exact| + ulps(exact, floor_ulps).
+
+    `base` is the computation `got` stands in for (one process, for tensor parallel; the dense MLP
+    for MoE), with the same inputs and fp32 arithmetic; its own error against float64 measures
+    how much this network amplifies fp32 roundings on these inputs. `got` makes the same kinds
+    of roundings, some in another order or a few more (say why in the test), so its error is at
+    most k times as large; the floor of a few ulps of the output scale covers the case where
+    `base` happens to be (nearly) exact. Then |got - base| <= error(got) + error(base) too."""
+    err_got = float((got.double() - exact).abs().max())
+    err_base = float((base.double() - exact).abs().max())
+    return err_got, k * err_base + ulps(exact, floor_ulps), err_base
+
+
+def llama_logits_f64(model, ids: list[int]) -> torch.Tensor:
+    """The logits (T, V) of core.model.Transformer's function on one sequence, in float64: the same
+    fp32 weights and the same constants (its RoPE tables, as fp32 values), with every operation in
+    float64 (unit roundoff 2^-53, so within ~1e-12 relative of exact for this depth). A reference
+    for fp32 computations of the same model, written out here so it shares no code with core/."""
+    cfg = model.config
+    sd = {k: v.detach().double() for k, v in model.state_dict().items()}
+    T, H, Hkv, D = len(ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pos = torch.arange(T)
+    cos, sin = model.rotary.cos[pos].double()[:, None], model.rotary.sin[pos].double()[:, None]   # (T, 1, D)
+
+    def norm(x, w):   # RMSNorm
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w
+
+    def rotate(x):    # rotate half, with the model's tables: sin holds (-sin, sin)
+        half = D // 2
+        return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin
+
+    x = sd["embed_tokens.weight"][torch.tensor(ids)]                     # (T, C)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        qkv = norm(x, sd[p + "attn_norm.weight"]) @ sd[p + "attn.qkv_proj.weight"].T
+        q = rotate(qkv[:, :H * D].view(T, H, D))
+        k = rotate(qkv[:, H * D:(H + Hkv) * D].view(T, Hkv, D))
+        v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)
+        k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))  # (T, H, D): query head h reads KV h // group
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)   # (H, T, T)
+        y = torch.einsum("hqk,khd->qhd", probs, v).reshape(T, H * D)
+        x = x + y @ sd[p + "attn.o_proj.weight"].T
+        gate, up = (norm(x, sd[p + "mlp_norm.weight"]) @ sd[p + "mlp.gate_up_proj.weight"].T).chunk(2, dim=-1)
+        x = x + (torch.nn.functional.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].T
+    return norm(x, sd["norm.weight"]) @ sd["embed_tokens.weight"].T
