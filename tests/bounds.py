@@ -25,6 +25,17 @@ import torch
 U32 = 2.0 ** -24        # fp32 unit roundoff: |fl(x) - x| <= u |x| for round-to-nearest
 U_BF16 = 2.0 ** -8      # bfloat16 unit roundoff (8 significant bits)
 
+# Tensor parallelism changes only the row-parallel products' sums (o_proj, down_proj): each output's
+# fp32 chain over n inputs becomes d chains of n/d, then the all-reduce adds the d partials (d - 1
+# roundings): n/d + d - 1 <= n roundings, so its a-priori bound (gamma * sum |a b|, Higham 3.5) is
+# no larger than one process's. Every other operation is the same arithmetic on the same inputs, and
+# the same network carries the roundings to the logits. So the TP logits' error against float64 is
+# the same kind and size as one process's: at most TP_ERROR_RATIO times it (a different draw of the
+# same rounding process, whose max over T x V logits can land higher), plus a floor of 4 ulps of the
+# logit scale (against_f64). It holds for any CPU and kernel path: both errors are
+# measured on the machine, with the kernels it runs.
+TP_ERROR_RATIO = 2.0
+
 
 def gamma(n: int, u: float = U32) -> float:
     """Higham's gamma_n = n u / (1 - n u): the relative error bound of n successive roundings
