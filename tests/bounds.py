@@ -25,16 +25,19 @@ import torch
 U32 = 2.0 ** -24        # fp32 unit roundoff: |fl(x) - x| <= u |x| for round-to-nearest
 U_BF16 = 2.0 ** -8      # bfloat16 unit roundoff (8 significant bits)
 
+# A sum split into chains (tensor parallel ranks, mixture-of-experts' experts), against one chain.
 # Tensor parallelism changes only the row-parallel products' sums (o_proj, down_proj): each output's
 # fp32 chain over n inputs becomes d chains of n/d, then the all-reduce adds the d partials (d - 1
 # roundings): n/d + d - 1 <= n roundings, so its a-priori bound (gamma * sum |a b|, Higham 3.5) is
 # no larger than one process's. Every other operation is the same arithmetic on the same inputs, and
 # the same network carries the roundings to the logits. So the TP logits' error against float64 is
-# the same kind and size as one process's: at most TP_ERROR_RATIO times it (a different draw of the
+# the same kind and size as one process's: at most SPLIT_SUM_ERROR_RATIO times it (a different draw of the
 # same rounding process, whose max over T x V logits can land higher), plus a floor of 4 ulps of the
 # logit scale (against_f64). It holds for any CPU and kernel path: both errors are
-# measured on the machine, with the kernels it runs.
-TP_ERROR_RATIO = 2.0
+# measured on the machine, with the kernels it runs. The same holds for a mixture of experts with
+# every expert on: the dense MLP's down-projection sum over its units, cut into one chain per expert.
+SPLIT_SUM_ERROR_RATIO = 2.0
+SILU_ROUNDINGS = 8   # silu(g) = g / (1 + exp(-g)) in fp32: exp within 2 ulps (Cephes' expf, libm), 3 more ops; doubled
 
 
 def gamma(n: int, u: float = U32) -> float:
@@ -120,3 +123,19 @@ def llama_logits_f64(model, ids: list[int]) -> torch.Tensor:
         gate, up = (norm(x, sd[p + "mlp_norm.weight"]) @ sd[p + "mlp.gate_up_proj.weight"].T).chunk(2, dim=-1)
         x = x + (torch.nn.functional.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].T
     return norm(x, sd["norm.weight"]) @ sd["embed_tokens.weight"].T
+
+
+def swiglu_f32_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+                     extra_roundings: int = 0) -> torch.Tensor:
+    """Elementwise bound on |fl32(down(silu(gate x) * up x)) - exact|, x (N, C), w_gate and w_up
+    (F, C), w_down (C', F): to first order in u, the products' own roundings (fp32_dot_bound)
+    plus the hidden unit's error carried through down: err(h) <= sup|silu'| err(g) |u|
+    + |silu(g)| err(u) + (SILU_ROUNDINGS + 1) u |h|, with sup|silu'| < 1.1. Second-order terms
+    (u^2 times these) are covered by doubling. Any order of the sums, any kernel. (N, C') float64."""
+    x = x.double()
+    g, up = x @ w_gate.double().T, x @ w_up.double().T
+    s = torch.nn.functional.silu(g)
+    err_h = 1.1 * fp32_dot_bound(x, w_gate) * up.abs() + s.abs() * fp32_dot_bound(x, w_up) \
+        + (SILU_ROUNDINGS + 1) * U32 * (s * up).abs()
+    out = fp32_dot_bound(s * up, w_down, extra_roundings=extra_roundings) + err_h @ w_down.double().abs().T
+    return 2 * out

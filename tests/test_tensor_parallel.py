@@ -1,12 +1,12 @@
 """core/tensor_parallel.py: the model split by heads and MLP columns across real processes gives
 one process's logits and greedy tokens. The reference is computed here, in the test's own
 process, with the unsharded model; the logits' bound is derived against a float64 reference
-(tests/bounds.py: TP_ERROR_RATIO); the workers are checked gone afterwards."""
+(tests/bounds.py: SPLIT_SUM_ERROR_RATIO); the workers are checked gone afterwards."""
 
 import pytest
 import torch
 
-from bounds import TP_ERROR_RATIO, against_f64, llama_logits_f64
+from bounds import SPLIT_SUM_ERROR_RATIO, against_f64, llama_logits_f64
 from conftest import alive
 from core.config import ModelConfig
 from core.errors import InvalidParameter
@@ -77,7 +77,7 @@ def test_tensor_parallel_gives_one_process_logits_and_tokens(smol, degree):
     first = results[0]
     got = torch.from_numpy(first["logits"])
     diff = float((got - logits).abs().max())
-    err_tp, bound, err_one = against_f64(got, logits, llama_logits_f64(model, ids), TP_ERROR_RATIO)
+    err_tp, bound, err_one = against_f64(got, logits, llama_logits_f64(model, ids), SPLIT_SUM_ERROR_RATIO)
     assert err_tp <= bound, (err_tp, bound, err_one, diff)
     # the worker's own check agrees: its reference is the same model with the same kernels, which are
     # invariant to batch and threads (tests/test_gemm.py), so the same bits
@@ -110,7 +110,7 @@ def test_tiny_model_split_with_kv_heads_copied(tiny_loaded):
     settings = TPSettings(new_tokens=3, sweep_rows=(1,), sweep_repeats=1, return_logits=True)
     results = WorkerGroup(tp_worker, degree, ("tiny", ids, settings), timeout_s=120).run()
     err_tp, bound, err_one = against_f64(torch.from_numpy(results[0]["logits"]), logits,
-                                         llama_logits_f64(model, ids), TP_ERROR_RATIO)
+                                         llama_logits_f64(model, ids), SPLIT_SUM_ERROR_RATIO)
     assert err_tp <= bound, (err_tp, bound, err_one)
     assert results[0]["tokens"] == tokens
     assert not any(alive(r["pid"]) for r in results)

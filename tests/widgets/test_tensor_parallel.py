@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from bounds import TP_ERROR_RATIO, against_f64, llama_logits_f64
+from bounds import SPLIT_SUM_ERROR_RATIO, against_f64, llama_logits_f64
 from conftest import figure_value, shoot_widget, wait_for, wait_ready, worker_processes
 
 TP = '[data-widget="tensor-parallel"]'
@@ -42,7 +42,7 @@ def per_layer(rank: dict, kind: str, layers: int) -> float:
 
 def greedy_here(loaded, ids: list[int], n: int) -> tuple[torch.Tensor, list[int], float]:
     """The last position's logits and n greedy tokens of the model in this process, and the bound
-    on |TP logit - this process's logit| (tests/bounds.py, TP_ERROR_RATIO): TP's error against
+    on |TP logit - this process's logit| (tests/bounds.py, SPLIT_SUM_ERROR_RATIO): TP's error against
     float64 is at most k times this process's own plus a floor, so the two differ by at most
     (k + 1) times this process's error plus the floor."""
     from core.model import Transformer
@@ -52,7 +52,7 @@ def greedy_here(loaded, ids: list[int], n: int) -> tuple[torch.Tensor, list[int]
         logits = model.score(ids)
         for _ in range(n):
             seq.append(int(model.score(seq)[-1].argmax()))
-    _, tp_bound, err_one = against_f64(logits, logits, llama_logits_f64(model, ids), TP_ERROR_RATIO)
+    _, tp_bound, err_one = against_f64(logits, logits, llama_logits_f64(model, ids), SPLIT_SUM_ERROR_RATIO)
     return logits[-1], seq[len(ids):], tp_bound + err_one
 
 
