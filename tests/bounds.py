@@ -139,3 +139,33 @@ def swiglu_f32_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, 
         + (SILU_ROUNDINGS + 1) * U32 * (s * up).abs()
     out = fp32_dot_bound(s * up, w_down, extra_roundings=extra_roundings) + err_h @ w_down.double().abs().T
     return 2 * out
+
+
+def softmax_sum_bound(n: int) -> float:
+    """|sum_j fl(p_j) - 1| for a softmax of n terms computed in fp32 and its weights summed in
+    fp32: each p_j = e_j / S is off by at most (gamma_n + u) relative (S summed, one divide; the
+    exp's own error cancels between e_j and S to first order, its 2 ulps bounded in both: 4u),
+    then the n-term sum adds gamma_n. So gamma_n + u + 4u + gamma_n, doubled for second order."""
+    return 2 * (2 * gamma(n) + 5 * U32)
+
+
+def attention_f32_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Elementwise bound on |fl32(causal attention) - exact| for q (T, H, D), k, v (T, Hkv, D),
+    query head h reading KV head h // (H / Hkv), scores scaled by 1/sqrt(D): (T, H, D) float64.
+    Scores: err_s <= gamma_{D+1} |q||k| / sqrt(D) (the dot product and the scale). Softmax: a
+    score error moves p_j by at most p_j (|err_s_j| + sum_i p_i |err_s_i|) <= 2 p_j max_i err_s_i,
+    and its own roundings (max, exp, sum of T, divide) by (gamma_T + 6u) p_j. Output: sum_j p_j v_j,
+    whose roundings add gamma_T sum_j p_j |v_j|. Any order of the sums (SDPA, the engine's kernel,
+    AVX2 or AVX-512). To first order; doubled for the rest."""
+    T, H, D = q.shape
+    group = H // k.shape[1]
+    qd = q.double()
+    kd, vd = (t.double().repeat_interleave(group, dim=1) for t in (k, v))   # (T, H, D)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    scores = torch.einsum("qhd,khd->hqk", qd, kd) / math.sqrt(D)
+    p = scores.masked_fill(~mask, float("-inf")).softmax(-1)                 # (H, T, T)
+    err_s = gamma(D + 1) * torch.einsum("qhd,khd->hqk", qd.abs(), kd.abs()) / math.sqrt(D)
+    worst = err_s.masked_fill(~mask, 0).amax(-1, keepdim=True)              # (H, T, 1)
+    rel_p = 2 * worst + gamma(T) + 6 * U32                                   # (H, T, 1)
+    pv = torch.einsum("hqk,khd->qhd", p, vd.abs())                           # sum_j p_j |v_j|
+    return 2 * (rel_p.permute(1, 0, 2) * pv + gamma(T) * pv)
