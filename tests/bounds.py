@@ -169,3 +169,21 @@ def attention_f32_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     rel_p = 2 * worst + gamma(T) + 6 * U32                                   # (H, T, 1)
     pv = torch.einsum("hqk,khd->qhd", p, vd.abs())                           # sum_j p_j |v_j|
     return 2 * (rel_p.permute(1, 0, 2) * pv + gamma(T) * pv)
+
+
+def rmsnorm_f32_bound(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Elementwise bound on |fl32(x / sqrt(mean(x^2) + eps) * w) - exact|: the sum of C squares
+    (positive terms: gamma_{C+1} relative, any order), the divide by C, the add of eps, the sqrt
+    (half its input's relative error, plus u), the reciprocal or divide, and two products: at most
+    (gamma_{C+1} + 3u) / 2 + 4u <= gamma_{C+8} relative to the exact result. Doubled for second order."""
+    xd = x.double()
+    exact = xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + eps) * weight.double()
+    return 2 * gamma(x.shape[-1] + 8) * exact.abs()
+
+
+def rotary_f32_bound(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Elementwise bound on |fl32(x * cos + rotate_half(x) * sin) - exact| with the same tables:
+    two products and one add (or an FMA), gamma_2 (|x cos| + |x' sin|)."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1).double()
+    return gamma(2) * ((x.double() * cos.double()).abs() + (swapped * sin.double()).abs())
