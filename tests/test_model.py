@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from bounds import (SILU_ROUNDINGS, SPLIT_SUM_ERROR_RATIO, U32, U_BF16, against_f64, fp32_dot_bound,
-                    llama_logits_f64, rmsnorm_f32_bound, rotary_f32_bound, ulps)
+from bounds import (SILU_ROUNDINGS, SPLIT_SUM_ERROR_RATIO, U32, U_BF16, against_f64, fp32_dot_bound, gamma,
+                    llama_logits_f64, rmsnorm_f32_bound, rotary_f32_bound)
 
 from conftest import lm_head_bytes_per_weight_q4_1
 from core.model import MLP, RMSNorm, Rotary, Transformer
@@ -115,13 +115,19 @@ def test_rotary_rotates_pairs_of_half_dimensions():
     pos = torch.tensor([0, 1, 2, 7, 30, 63])
     y = rot(x, pos)
     assert torch.allclose(y[0], x[0])                                  # position 0: identity
-    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)   # a rotation keeps norms
-    # dimension i pairs with i + D/2 and turns by pos * theta^(-2i/D)
+    # a rotation keeps norms: the tables' cos^2 + sin^2 is 1 to a few u (each rounded once, 2u each,
+    # plus the fp32 angle's own rounding cancels in cos^2 + sin^2), the products gamma_2 (rotary_f32_bound),
+    # the norms' sums gamma_D: in all (gamma_2 + gamma_D + 4u) |x|, doubled
+    assert ((y.norm(dim=-1) - x.norm(dim=-1)).abs() <= 2 * (gamma(2) + gamma(D) + 4 * U32) * x.norm(dim=-1)).all()
+    # dimension i pairs with i + D/2 and turns by pos * theta^(-2i/D); the table's angle is the fp32
+    # product of an fp32 frequency (pow within 1 ulp, so 3u relative in all), cos and sin rounded once
+    # (u): each output within |angle| 3u (|a| + |b|) + u (|a| + |b|) + gamma_2 (|a| + |b|), doubled
     i, p = 1, 7
     angle = p * theta ** (-2 * i / D)
     a, b = x[3, :, i], x[3, :, i + D // 2]
-    assert torch.allclose(y[3, :, i], a * math.cos(angle) - b * math.sin(angle), atol=1e-5)
-    assert torch.allclose(y[3, :, i + D // 2], b * math.cos(angle) + a * math.sin(angle), atol=1e-5)
+    tol = float(2 * (3 * U32 * angle + U32 + gamma(2)) * (a.abs() + b.abs()).max())
+    assert torch.allclose(y[3, :, i], a * math.cos(angle) - b * math.sin(angle), rtol=0, atol=tol)
+    assert torch.allclose(y[3, :, i + D // 2], b * math.cos(angle) + a * math.sin(angle), rtol=0, atol=tol)
 
 
 def test_rotary_scores_depend_on_relative_position():
@@ -132,8 +138,13 @@ def test_rotary_scores_depend_on_relative_position():
 
     def score(m, n):
         return (rot(q, torch.tensor([m])) * rot(k, torch.tensor([n]))).sum()
-    assert torch.allclose(score(10, 3), score(57, 50), atol=1e-4)
-    assert torch.allclose(score(5, 5), (q * k).sum(), atol=1e-5)
+    # each score is exact up to the tables' angles (fp32, 3u relative: up to 57 * 3u rad here),
+    # cos and sin's rounding (u) and the rotation's and the dot's sums (gamma_2, gamma_D), all
+    # times sum |q| |k| at most; doubled for second order and for the two scores compared
+    scale = float((q.abs() * 2).sum() * (k.abs() * 2).sum())            # |rotated| <= |a| + |b| per pair
+    tol = 2 * 2 * (3 * U32 * 57 + U32 + gamma(2) + gamma(D)) * scale
+    assert torch.allclose(score(10, 3), score(57, 50), rtol=0, atol=tol)
+    assert torch.allclose(score(5, 5), (q * k).sum(), rtol=0, atol=tol)
 
 
 def test_from_state_dict_adopts_the_tensors(tiny_loaded, tiny_model):
@@ -156,18 +167,23 @@ def test_score_shape_and_causality(tiny_model, ids):
     full = tiny_model.score(ids)
     assert full.shape == (len(ids), cfg.vocab_size) and full.dtype == torch.float32
     assert torch.isfinite(full).all()
+    # the same positions computed in another batch: each within SPLIT_SUM_ERROR_RATIO times the
+    # full run's error against float64 (plus 4 ulps), so within tol of each other (tests/bounds.py)
+    _, each, _ = against_f64(full, full, llama_logits_f64(tiny_model, ids), SPLIT_SUM_ERROR_RATIO)
+    tol = 2 * each
     prefix = tiny_model.score(ids[:5])
-    assert torch.allclose(prefix, full[:5], atol=1e-4)          # later tokens do not leak back
+    assert torch.allclose(prefix, full[:5], rtol=0, atol=tol)    # later tokens do not leak back
     changed = tiny_model.score(ids[:5] + [ids[6]] + ids[6:])
-    assert torch.allclose(changed[:5], full[:5], atol=1e-4)
-    assert not torch.allclose(changed[5], full[5], atol=1e-4)
+    assert torch.allclose(changed[:5], full[:5], rtol=0, atol=tol)
+    assert not torch.allclose(changed[5], full[5], rtol=0, atol=tol)
 
 
 def test_tied_lm_head(tiny_model, ids):
     hidden = tiny_model(torch.tensor(ids), torch.arange(len(ids)))
     assert hidden.shape == (len(ids), tiny_model.config.hidden_size)
     logits = tiny_model.logits(hidden)
-    assert torch.allclose(logits, hidden @ tiny_model.embed_tokens.weight.T, atol=1e-4)
+    emb = tiny_model.embed_tokens.weight                     # both fp32 products within gamma_C of exact
+    assert ((logits.double() - hidden.double() @ emb.double().T).abs() <= fp32_dot_bound(hidden, emb)).all()
 
 
 def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
@@ -180,7 +196,11 @@ def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
     step = engine.runner.prepare([(seq, len(ids))])
     with torch.inference_mode():
         paged = engine.model.logits(engine.model(step.input_ids, step.positions, step.batch))
-    assert torch.allclose(paged, tiny_model.score(ids), atol=1e-4)
+    # the paged kernels are other fp32 arithmetic of the same function: their error against float64
+    # at most SPLIT_SUM_ERROR_RATIO times the plain path's, plus 4 ulps (tests/bounds.py)
+    err, bound, err_plain = against_f64(paged, tiny_model.score(ids), llama_logits_f64(tiny_model, ids),
+                                        SPLIT_SUM_ERROR_RATIO)
+    assert err <= bound, (err, bound, err_plain)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "q4_1"])
@@ -193,7 +213,10 @@ def test_reference_runs_the_same_weights_in_fp32(tiny_loaded, tiny_model, ids, f
         assert a.data_ptr() == b.data_ptr(), name
     plain = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict, packed=False)
     assert torch.equal(ref.score(ids), plain.score(ids))
-    assert torch.allclose(ref.score(ids), tiny_model.score(ids), atol=1e-5)  # tiny_model: prepacked fp32
+    # tiny_model: prepacked fp32, other kernels of the same fp32 function (tests/bounds.py)
+    err, bound, _ = against_f64(ref.score(ids), tiny_model.score(ids), llama_logits_f64(tiny_model, ids),
+                                SPLIT_SUM_ERROR_RATIO)
+    assert err <= bound
     assert not torch.equal(packed.score(ids), tiny_model.score(ids))     # the packed one rounds
     assert tiny_model.reference() is tiny_model
 
