@@ -90,7 +90,12 @@ def against_f64(got: torch.Tensor, base: torch.Tensor, exact: torch.Tensor, k: f
 
 
 def llama_logits_f64(model, ids: list[int]) -> torch.Tensor:
-    """The logits (T, V) of core.model.Transformer's function on one sequence, in float64: the same
+    """llama_f64's logits (T, V)."""
+    return llama_f64(model, ids)[1]
+
+
+def llama_f64(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last block's residual stream (T, C) and the logits (T, V) of core.model.Transformer's function on one sequence, in float64: the same
     fp32 weights and the same constants (its RoPE tables, as fp32 values), with every operation in
     float64 (unit roundoff 2^-53, so within ~1e-12 relative of exact for this depth). A reference
     for fp32 computations of the same model, written out here so it shares no code with core/."""
@@ -122,7 +127,7 @@ def llama_logits_f64(model, ids: list[int]) -> torch.Tensor:
         x = x + y @ sd[p + "attn.o_proj.weight"].T
         gate, up = (norm(x, sd[p + "mlp_norm.weight"]) @ sd[p + "mlp.gate_up_proj.weight"].T).chunk(2, dim=-1)
         x = x + (torch.nn.functional.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].T
-    return norm(x, sd["norm.weight"]) @ sd["embed_tokens.weight"].T
+    return x, norm(x, sd["norm.weight"]) @ sd["embed_tokens.weight"].T
 
 
 def swiglu_f32_bound(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
@@ -187,3 +192,11 @@ def rotary_f32_bound(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     half = x.shape[-1] // 2
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1).double()
     return gamma(2) * ((x.double() * cos.double()).abs() + (swapped * sin.double()).abs())
+
+
+def entropy_bound(n: int) -> float:
+    """|fl32(-sum p log p) - exact| for attention weights of n keys computed in fp32: each p_j within
+    delta p_j of exact, delta = softmax_sum_bound(n), moves p log p by |dp| |1 + log p|, and
+    sum_j p_j (1 + |log p_j|) = 1 + H <= 1 + log n; the log's own rounding (2u) and the n-term
+    sum (gamma_n) are relative to the same sum of |p log p|. So (delta + gamma_n + 2u)(1 + log n)."""
+    return (softmax_sum_bound(n) + gamma(n) + 2 * U32) * (1 + math.log(n))
