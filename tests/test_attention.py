@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
-from bounds import attention_f32_bound, fp32_dot_bound, gamma, softmax_sum_bound
 import torch.nn.functional as F
 
+from bounds import attention_f32_bound, fp32_dot_bound, gamma, softmax_sum_bound
+from kernel_paths import kernel_path  # noqa: F401 (a fixture: every kernel path this CPU offers)
 from core import SamplingParams
 from core.attention import MIN_KEYS, PagedBatch, attend, build_group, causal_attention, min_query_rows, paged_attention
 from core.gemm import MIN_GEMM_ROWS, linear
@@ -147,7 +148,7 @@ def paged_batch(cache, tables, chunks, kernel):
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("bs", [4, 16])
-def test_paged_attention_matches_contiguous_attention(path, bs):
+def test_paged_attention_matches_contiguous_attention(path, bs, kernel_path):
     """Two sequences in scattered blocks, prefilled in chunks and decoded, against plain causal
     attention over each whole sequence."""
     g = torch.Generator().manual_seed(4)
@@ -186,7 +187,7 @@ def test_paged_attention_matches_contiguous_attention(path, bs):
 
 @pytest.mark.parametrize("heads", [(9, 3), (4, 1)], ids=["GQA", "MQA"])
 @pytest.mark.parametrize("bs", [1, 4, 16, 32])
-def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads):
+def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, kernel_path):
     """The C++ kernel's promise (csrc/paged_attention.cpp): a token's output has the same bits
     whatever else is computed with it: its sequence's other queries, other sequences, threads.
     The late decodes run on both threads: one work item per KV head (GQA), or one per query head

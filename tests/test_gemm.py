@@ -4,8 +4,9 @@ PyTorch's plain one; the Q4_1 and Q8_0 packings stand for the same weights."""
 
 import pytest
 import torch
-from bounds import U_BF16, fp32_dot_bound, rounded_to
 
+from bounds import U_BF16, fp32_dot_bound, rounded_to
+from kernel_paths import NATIVE, PATHS, kernel_path, use_path  # noqa: F401 (kernel_path: a fixture)
 from core.config import WeightFormat
 from core.errors import InvalidParameter
 from core.gemm import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
@@ -27,10 +28,18 @@ NO_Q8_KERNEL = pytest.mark.skipif(not (q4_kernel() and q4_kernel().q8_matmul_ava
                                   reason="the Q8_0 kernel needs AVX2")
 
 OWN, ONEDNN, PLAIN = Product.OWN, Product.ONEDNN, Product.PLAIN
-# (format, product): every product each format can take
-PRODUCTS = [pytest.param("fp32", OWN, marks=NO_F32_KERNEL), ("fp32", ONEDNN), ("fp32", PLAIN),
-            pytest.param("bf16", OWN, marks=NO_F32_KERNEL), pytest.param("bf16", ONEDNN, marks=NO_BF16_PACKING),
-            ("bf16", PLAIN), pytest.param("q4_1", OWN, marks=NO_Q4_KERNEL), ("q4_1", PLAIN)]
+
+
+def own(fmt: str, mark) -> list:
+    """The engine's kernel for `fmt` on each kernel path this CPU offers (kernel_paths.PATHS)."""
+    return [pytest.param(fmt, OWN, path, marks=mark, id=f"{fmt}-own-{path}") for path in PATHS]
+
+
+# (format, product, kernel path): every product each format can take, the engine's on every path
+PRODUCTS = (own("fp32", NO_F32_KERNEL) + [("fp32", ONEDNN, NATIVE), ("fp32", PLAIN, NATIVE)]
+            + own("bf16", NO_F32_KERNEL) + [pytest.param("bf16", ONEDNN, NATIVE, marks=NO_BF16_PACKING),
+                                           ("bf16", PLAIN, NATIVE)]
+            + own("q4_1", NO_Q4_KERNEL) + [("q4_1", PLAIN, NATIVE)])
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -107,8 +116,9 @@ def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor
     return xs, wq, wabs, U_BF16, U_BF16 * (xs.abs() @ wq.abs().T)
 
 
-@pytest.mark.parametrize("fmt,product", PRODUCTS)
-def test_every_format_computes_x_wt(fmt, product):
+@pytest.mark.parametrize("fmt,product,path", PRODUCTS)
+def test_every_format_computes_x_wt(fmt, product, path, monkeypatch):
+    use_path(path, monkeypatch)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g) / 8
     x = torch.randn(7, 64, generator=g)
@@ -127,13 +137,14 @@ def test_every_format_computes_x_wt(fmt, product):
     assert ((y.double() - exact).abs() <= (stands_for - exact).abs() + arith).all()
 
 
-@pytest.mark.parametrize("fmt,product", PRODUCTS)
+@pytest.mark.parametrize("fmt,product,path", PRODUCTS)
 @pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576), (64, 192), (128, 64), (64, 272)])
-def test_rows_are_batch_invariant_in_every_format(threads, fmt, product, shape):
+def test_rows_are_batch_invariant_in_every_format(threads, fmt, product, path, shape, monkeypatch):
     """SmolLM2's and the tiny model's shapes, and 17 panels of 16 outputs (one row takes four
     panels at a time in the engine's fp32 kernel, two rows two, the last on its own; more rows
     tiles of up to five); for one row oneDNN's prepacked product takes another kernel at an input
     of 1,536 (hence PREPACKED_MIN_ROWS)."""
+    use_path(path, monkeypatch)
     cols, out = shape
     g = torch.Generator().manual_seed(1)
     layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5, product=product)
@@ -156,7 +167,7 @@ def test_packed_weights_keep_their_size_and_pad_only_for_oneDNN():
 @NO_F32_KERNEL
 @pytest.mark.parametrize("fmt,size", [("fp32", 4), ("bf16", 2)])
 @pytest.mark.parametrize("rows,cols", [(3, 48), (7, 300)])
-def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size, rows, cols):
+def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size, rows, cols, kernel_path):
     """f32_matmul: y[i][j] = fma(x[k], w[k], ...) over k in order from 0, in fp32 (the bf16 weights
     widened exactly; bf16 rounds the activations and the result to bfloat16). Checked against
     that chain computed in float64 with a rounding to fp32 after every multiply-add (a fused
@@ -214,7 +225,7 @@ def test_packed_q4_1_multiplies_by_the_dequantized_weights():
 
 
 @NO_Q4_KERNEL
-def test_the_q4_1_kernel_computes_the_q4_1_weights():
+def test_the_q4_1_kernel_computes_the_q4_1_weights(kernel_path):
     """q4_matmul: the activations times w = d*q + m (q exact, d and m fp16 as in the GGUF file), to
     fp32 rounding, with the activations rounded as the kernel rounds them: to bfloat16 (AVX-512
     BF16), or to 16-bit integers per group of 32, at most 2^-16 of the group's largest (AVX2)."""
@@ -291,7 +302,7 @@ def test_the_q8_0_kernel_is_built_where_the_q4_1_kernel_uses_avx2():
 
 
 @pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
-def test_q8_0_multiplies_by_the_dequantized_weights(product):
+def test_q8_0_multiplies_by_the_dequantized_weights(product, kernel_path):
     """The kernel: the activations, rounded to 16-bit integers per group of 32 (at most 2^-16 of
     the group's largest off), times w = d*q, to fp32 rounding. The fallback (two 4-bit products,
     16d*hi + d*lo, PyTorch's int4 kernel) rounds the activations and its output to bfloat16."""
@@ -316,7 +327,7 @@ def test_q8_0_multiplies_by_the_dequantized_weights(product):
 
 @pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
 @pytest.mark.parametrize("shape", [(576, 49152 // 16), (64, 272)])
-def test_q8_0_rows_are_batch_invariant(threads, product, shape):
+def test_q8_0_rows_are_batch_invariant(threads, product, shape, kernel_path):
     """SmolLM2's head's input size (with a sixteenth of its outputs) and 17 panels of 16 outputs:
     one row takes four panels at a time (and the last on its own), several rows tiles of up to four."""
     cols, out = shape

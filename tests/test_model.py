@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
+
 from bounds import (SILU_ROUNDINGS, SPLIT_SUM_ERROR_RATIO, U32, U_BF16, against_f64, fp32_dot_bound, gamma,
                     llama_logits_f64, rmsnorm_f32_bound, rotary_f32_bound)
-
+from kernel_paths import kernel_path  # noqa: F401 (a fixture: every kernel path this CPU offers)
 from conftest import lm_head_bytes_per_weight_q4_1
 from core.model import MLP, RMSNorm, Rotary, Transformer
 
@@ -38,7 +39,7 @@ def test_rmsnorm_is_x_over_rms_times_weight():
 
 
 @pytest.mark.parametrize("rows", [1, 63, 64, 200])   # 64 and more: rows split across threads
-def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
+def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows, kernel_path):
     """The engine's kernel (csrc/rms_norm.cpp), once use_kernels sets it: the same definition to
     float rounding, and each row's bits independent of the others."""
     from core import native
@@ -64,7 +65,7 @@ def test_use_kernels_sets_every_norm(tiny_loaded):
     assert all(m.kernel is native.extension() for m in parts)
 
 
-def test_the_rotary_kernel_is_the_definition():
+def test_the_rotary_kernel_is_the_definition(kernel_path):
     """csrc/rotary.cpp against Rotary's torch code, on strided rows as the model passes them."""
     from core import native
     g = torch.Generator().manual_seed(2)
@@ -84,7 +85,7 @@ def test_the_rotary_kernel_is_the_definition():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_silu_mul_kernel_is_the_definition(dtype):
+def test_the_silu_mul_kernel_is_the_definition(dtype, kernel_path):
     """csrc/silu_mul.cpp: silu(gate) * up computed in float and rounded once to the input's dtype
     (to nearest even for bfloat16), each row on its own, also where silu saturates."""
     from core import native
