@@ -5,6 +5,8 @@ PyTorch's plain one; the Q4_1 and Q8_0 packings stand for the same weights."""
 import pytest
 import torch
 
+from bounds import U_BF16, fp32_dot_bound, rounded_to
+from kernel_paths import NATIVE, PATHS, kernel_path, use_path  # noqa: F401 (kernel_path: a fixture)
 from core.config import WeightFormat
 from core.errors import InvalidParameter
 from core.model.linear import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
@@ -26,10 +28,18 @@ NO_Q8_KERNEL = pytest.mark.skipif(not (q4_kernel() and q4_kernel().q8_matmul_ava
                                   reason="the Q8_0 kernel needs AVX2")
 
 OWN, ONEDNN, PLAIN = Product.OWN, Product.ONEDNN, Product.PLAIN
-# (format, product): every product each format can take
-PRODUCTS = [pytest.param("fp32", OWN, marks=NO_F32_KERNEL), ("fp32", ONEDNN), ("fp32", PLAIN),
-            pytest.param("bf16", OWN, marks=NO_F32_KERNEL), pytest.param("bf16", ONEDNN, marks=NO_BF16_PACKING),
-            ("bf16", PLAIN), pytest.param("q4_1", OWN, marks=NO_Q4_KERNEL), ("q4_1", PLAIN)]
+
+
+def own(fmt: str, mark) -> list:
+    """The engine's kernel for `fmt` on each kernel path this CPU offers (kernel_paths.PATHS)."""
+    return [pytest.param(fmt, OWN, path, marks=mark, id=f"{fmt}-own-{path}") for path in PATHS]
+
+
+# (format, product, kernel path): every product each format can take, the engine's on every path
+PRODUCTS = (own("fp32", NO_F32_KERNEL) + [("fp32", ONEDNN, NATIVE), ("fp32", PLAIN, NATIVE)]
+            + own("bf16", NO_F32_KERNEL) + [pytest.param("bf16", ONEDNN, NATIVE, marks=NO_BF16_PACKING),
+                                           ("bf16", PLAIN, NATIVE)]
+            + own("q4_1", NO_Q4_KERNEL) + [("q4_1", PLAIN, NATIVE)])
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -78,8 +88,37 @@ def test_the_q4_1_kernel_is_built_for_this_cpu():
     assert (PackedLinear("q4_1", torch.ones(16, 32)).product is OWN) == bool(expected)
 
 
-@pytest.mark.parametrize("fmt,product", PRODUCTS)
-def test_every_format_computes_x_wt(fmt, product):
+def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor):
+    """(activations, weights, |weights| for the rounding bound, output unit roundoff, extra) that a
+    format's product multiplies, in float64: fp32 as they are; bf16 both rounded to bfloat16 and the result too; q4_1 the Q4_1 weights
+    d*q + m (exact in float64) with the activations as each kernel rounds them: to bfloat16
+    (AVX-512 BF16, and PyTorch's int4 kernel, whose scale d and zero m + 8d are bfloat16 and
+    whose result is bfloat16; its dequantized weight is taken as rounded to bfloat16 too, one
+    more u_bf16 * |x||w| below, whether or not it is), or to 16-bit integers per group of 32
+    (AVX2: at most max|group| / 65534 off each, so at most that times |w| per term: `extra`, (N, M)).
+    The Q4_1 kernels sum x*q per group, then scale by d and add m * sum(x): their fp32 roundings
+    are bounded with |d*q| + |m| in place of |w| (m can cancel d*q in w, not in the roundings)."""
+    if fmt == "fp32":
+        return x.double(), w.double(), w.double(), 0.0, 0.0
+    if fmt == "bf16":
+        return rounded_to(x, torch.bfloat16), rounded_to(w, torch.bfloat16), rounded_to(w, torch.bfloat16), U_BF16, 0.0
+    q, d, m = quantize_q4_1(w)
+    groups = lambda t: t.double().repeat_interleave(32, 1)
+    if product is OWN:
+        wq, wabs = q.double() * groups(d) + groups(m), q.double() * groups(d) + groups(m).abs()
+        if q4_kernel_isa() == "avx512bf16":
+            return rounded_to(x, torch.bfloat16), wq, wabs, 0.0, 0.0
+        step = (x.reshape(x.shape[0], -1, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double()
+        return x.double(), wq, wabs, 0.0, step @ wq.abs().T
+    scale, zero = d.to(torch.bfloat16).double(), (m + 8 * d).to(torch.bfloat16).double()
+    wq, wabs = (q.double() - 8) * groups(scale) + groups(zero), (q.double() - 8).abs() * groups(scale) + groups(zero).abs()
+    xs = rounded_to(x, torch.bfloat16)
+    return xs, wq, wabs, U_BF16, U_BF16 * (xs.abs() @ wq.abs().T)
+
+
+@pytest.mark.parametrize("fmt,product,path", PRODUCTS)
+def test_every_format_computes_x_wt(fmt, product, path, monkeypatch):
+    use_path(path, monkeypatch)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g) / 8
     x = torch.randn(7, 64, generator=g)
@@ -87,18 +126,25 @@ def test_every_format_computes_x_wt(fmt, product):
     y = layer(x)
     assert y.shape == (7, 96) and layer.product is product
     assert y.dtype == (torch.float32 if fmt == "fp32" or (fmt, product) == ("q4_1", OWN) else torch.bfloat16)
-    ref = x @ w.T
-    tol = {WeightFormat.FP32: 1e-5, WeightFormat.BF16: 0.05, WeightFormat.Q4_1: 0.25}[WeightFormat(fmt)]
-    assert (y.float() - ref).abs().max().item() < tol * ref.abs().max().item()
+    # Derived bound (tests/bounds.py): the product computes xs @ ws.T, the activations and weights
+    # as the format holds them, summed in fp32 in any order (gamma_n * |xs| @ |ws|.T, Higham 3.5),
+    # the result rounded to its dtype once (u_out * |result|). The gap between xs @ ws.T and
+    # x @ w.T is the format's own rounding, computed exactly from these tensors.
+    xs, ws, wabs, u_out, extra = format_operands(fmt, product, x, w)
+    exact, stands_for = x.double() @ w.double().T, xs @ ws.T
+    summed = fp32_dot_bound(xs, wabs, extra_roundings=2) + extra   # |fp32 sum - xs @ ws.T|, at most
+    arith = summed + u_out * (stands_for.abs() + summed)     # then one rounding to the output dtype
+    assert ((y.double() - exact).abs() <= (stands_for - exact).abs() + arith).all()
 
 
-@pytest.mark.parametrize("fmt,product", PRODUCTS)
+@pytest.mark.parametrize("fmt,product,path", PRODUCTS)
 @pytest.mark.parametrize("shape", [(576, 960), (576, 3072), (1536, 576), (64, 192), (128, 64), (64, 272)])
-def test_rows_are_batch_invariant_in_every_format(threads, fmt, product, shape):
+def test_rows_are_batch_invariant_in_every_format(threads, fmt, product, path, shape, monkeypatch):
     """SmolLM2's and the tiny model's shapes, and 17 panels of 16 outputs (one row takes four
     panels at a time in the engine's fp32 kernel, two rows two, the last on its own; more rows
     tiles of up to five); for one row oneDNN's prepacked product takes another kernel at an input
     of 1,536 (hence PREPACKED_MIN_ROWS)."""
+    use_path(path, monkeypatch)
     cols, out = shape
     g = torch.Generator().manual_seed(1)
     layer = PackedLinear(fmt, torch.randn(out, cols, generator=g) / cols ** 0.5, product=product)
@@ -121,7 +167,7 @@ def test_packed_weights_keep_their_size_and_pad_only_for_oneDNN():
 @NO_F32_KERNEL
 @pytest.mark.parametrize("fmt,size", [("fp32", 4), ("bf16", 2)])
 @pytest.mark.parametrize("rows,cols", [(3, 48), (7, 300)])
-def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size, rows, cols):
+def test_the_fp32_kernel_sums_each_output_in_one_fma_chain(fmt, size, rows, cols, kernel_path):
     """f32_matmul: y[i][j] = fma(x[k], w[k], ...) over k in order from 0, in fp32 (the bf16 weights
     widened exactly; bf16 rounds the activations and the result to bfloat16). Checked against
     that chain computed in float64 with a rounding to fp32 after every multiply-add (a fused
@@ -169,14 +215,17 @@ def test_packed_q4_1_multiplies_by_the_dequantized_weights():
     packed, sz = pack_q4_1(q, d, m)
     scale, zero = sz[..., 0].float().t(), sz[..., 1].float().t()          # (out, in/32)
     w = (q.float() - 8) * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
-    y = linear_q4(x, packed, sz).float()
-    ref = x.float() @ w.T
-    assert (y - ref).abs().max().item() <= 2 ** -7 * ref.abs().max().item()   # bf16 output rounding
+    y = linear_q4(x, packed, sz).double()
+    ref = x.double() @ w.double().T
+    # the result rounded to bfloat16 (u_bf16 |y|), fp32 sums (gamma_n), and the dequantized weight
+    # rounded to bfloat16 inside the kernel if it is (u_bf16 |x||w|): tests/bounds.py
+    sums = fp32_dot_bound(x, w.abs() + U_BF16 * w.abs(), extra_roundings=2) + U_BF16 * (x.double().abs() @ w.double().abs().T)
+    assert ((y - ref).abs() <= sums + U_BF16 * (ref.abs() + sums)).all()
     assert (w - dequantize_q4_1(q, d, m)).abs().max().item() < 0.02 * float(d.max()) * 16
 
 
 @NO_Q4_KERNEL
-def test_the_q4_1_kernel_computes_the_q4_1_weights():
+def test_the_q4_1_kernel_computes_the_q4_1_weights(kernel_path):
     """q4_matmul: the activations times w = d*q + m (q exact, d and m fp16 as in the GGUF file), to
     fp32 rounding, with the activations rounded as the kernel rounds them: to bfloat16 (AVX-512
     BF16), or to 16-bit integers per group of 32, at most 2^-16 of the group's largest (AVX2)."""
@@ -185,14 +234,18 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights():
     x = torch.randn(5, 96, generator=g)
     layer = PackedLinear("q4_1", torch.empty(64, 96), q4_blocks=(q, d, m), product=OWN)
     assert layer.nbytes == 64 * 96 // 2 + 64 * 96 // 32 * 2 * 2
-    w = dequantize_q4_1(q, d, m).double()
+    groups = lambda t: t.double().repeat_interleave(32, 1)
+    w = q.double() * groups(d) + groups(m)                       # exact: d*q has 15 bits, then one add in float64
+    # fp32 roundings of the per-group sums, the scale by d and the add of m * sum(x): gamma_{n+2}
+    # with |d*q| + |m| per weight (tests/bounds.py), whatever order or vector width sums them
+    wabs = q.double() * groups(d) + groups(m).abs()
     if q4_kernel_isa() == "avx512bf16":
         ref = x.to(torch.bfloat16).double() @ w.T
-        assert (layer(x) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+        assert ((layer(x).double() - ref).abs() <= fp32_dot_bound(x.to(torch.bfloat16), wabs, extra_roundings=2)).all()
     else:
         ref = x.double() @ w.T
         bound = (x.reshape(5, 3, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double() @ w.abs().T
-        assert ((layer(x).double() - ref).abs() <= bound + 1e-5 * ref.abs().max()).all()
+        assert ((layer(x).double() - ref).abs() <= bound + fp32_dot_bound(x, wabs, extra_roundings=2)).all()
         assert (layer(x).double() - ref).abs().max().item() > 0      # rounded, not exact
 
 
@@ -249,7 +302,7 @@ def test_the_q8_0_kernel_is_built_where_the_q4_1_kernel_uses_avx2():
 
 
 @pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
-def test_q8_0_multiplies_by_the_dequantized_weights(product):
+def test_q8_0_multiplies_by_the_dequantized_weights(product, kernel_path):
     """The kernel: the activations, rounded to 16-bit integers per group of 32 (at most 2^-16 of
     the group's largest off), times w = d*q, to fp32 rounding. The fallback (two 4-bit products,
     16d*hi + d*lo, PyTorch's int4 kernel) rounds the activations and its output to bfloat16."""
@@ -265,7 +318,8 @@ def test_q8_0_multiplies_by_the_dequantized_weights(product):
     if head.prepacked:
         assert head.nbytes == 256 * 96 + 256 * 3 * 2
         bound = (x.reshape(5, 3, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double() @ w.abs().T
-        assert ((y - ref).abs() <= bound + 1e-5 * ref.abs().max()).all()
+        # plus the fp32 roundings of the group sums and their scaling by d (tests/bounds.py)
+        assert ((y - ref).abs() <= bound + fp32_dot_bound(x, w, extra_roundings=2)).all()
         assert (y - ref).abs().max().item() > 0                         # rounded, not exact
     else:
         assert (y - ref).abs().max().item() < 0.02 * ref.abs().max().item()
@@ -273,7 +327,7 @@ def test_q8_0_multiplies_by_the_dequantized_weights(product):
 
 @pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
 @pytest.mark.parametrize("shape", [(576, 49152 // 16), (64, 272)])
-def test_q8_0_rows_are_batch_invariant(threads, product, shape):
+def test_q8_0_rows_are_batch_invariant(threads, product, shape, kernel_path):
     """SmolLM2's head's input size (with a sixteenth of its outputs) and 17 panels of 16 outputs:
     one row takes four panels at a time (and the last on its own), several rows tiles of up to four."""
     cols, out = shape

@@ -6,6 +6,9 @@ import math
 import pytest
 import torch
 
+from bounds import (SILU_ROUNDINGS, SPLIT_SUM_ERROR_RATIO, U32, U_BF16, against_f64, fp32_dot_bound, gamma,
+                    llama_logits_f64, rmsnorm_f32_bound, rotary_f32_bound)
+from kernel_paths import kernel_path  # noqa: F401 (a fixture: every kernel path this CPU offers)
 from conftest import lm_head_bytes_per_weight_q4_1
 from core.model.model import MLP, RMSNorm, Rotary, Transformer
 
@@ -29,12 +32,14 @@ def test_rmsnorm_is_x_over_rms_times_weight():
         norm.weight.copy_(torch.randn(8, generator=g))
     x = torch.randn(5, 8, generator=g) * 3
     expected = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-5) * norm.weight
-    assert torch.allclose(norm(x), expected, atol=1e-6)
-    assert torch.allclose(norm(x), torch.nn.functional.rms_norm(x, (8,), norm.weight, eps=1e-5), atol=1e-6)
+    # fp32 evaluations of one definition, each within rmsnorm_f32_bound of exact (tests/bounds.py)
+    bound = 2 * rmsnorm_f32_bound(x, norm.weight, 1e-5)
+    assert ((norm(x).double() - expected.double()).abs() <= bound).all()
+    assert ((norm(x).double() - torch.nn.functional.rms_norm(x, (8,), norm.weight, eps=1e-5).double()).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("rows", [1, 63, 64, 200])   # 64 and more: rows split across threads
-def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
+def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows, kernel_path):
     """The engine's kernel (csrc/rms_norm.cpp), once use_kernels sets it: the same definition to
     float rounding, and each row's bits independent of the others."""
     from core.kernels import loader
@@ -46,7 +51,7 @@ def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows):
     expected = torch.nn.functional.rms_norm(x, (576,), norm.weight, eps=1e-5)
     norm.kernel = loader.extension()
     y = norm(x)
-    assert torch.allclose(y, expected, rtol=1e-5, atol=1e-6)
+    assert ((y.double() - expected.double()).abs() <= 2 * rmsnorm_f32_bound(x, norm.weight, 1e-5)).all()
     for r in {0, rows // 2, rows - 1}:
         assert torch.equal(norm(x[r:r + 1])[0], y[r])
 
@@ -60,7 +65,7 @@ def test_use_kernels_sets_every_norm(tiny_loaded):
     assert all(m.kernel is loader.extension() for m in parts)
 
 
-def test_the_rotary_kernel_is_the_definition():
+def test_the_rotary_kernel_is_the_definition(kernel_path):
     """csrc/rotary.cpp against Rotary's torch code, on strided rows as the model passes them."""
     from core.kernels import loader
     g = torch.Generator().manual_seed(2)
@@ -71,14 +76,16 @@ def test_the_rotary_kernel_is_the_definition():
     expected = rotary(x, positions)
     rotary.kernel = loader.extension()
     y = rotary(x, positions)
-    assert y.is_contiguous() and torch.allclose(y, expected, rtol=1e-6, atol=1e-6)
+    cos, sin = rotary.cos[positions][:, None, :], rotary.sin[positions][:, None, :]
+    bound = 2 * rotary_f32_bound(x, cos, sin)         # each within gamma_2 of exact (tests/bounds.py)
+    assert y.is_contiguous() and ((y.double() - expected.double()).abs() <= bound).all()
     assert torch.equal(rotary(x[5:6], positions[5:6])[0], y[5])     # a token alone: the same bits
     with pytest.raises(RuntimeError, match="outside the table"):
         rotary(x[:1], torch.tensor([512]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_silu_mul_kernel_is_the_definition(dtype):
+def test_the_silu_mul_kernel_is_the_definition(dtype, kernel_path):
     """csrc/silu_mul.cpp: silu(gate) * up computed in float and rounded once to the input's dtype
     (to nearest even for bfloat16), each row on its own, also where silu saturates."""
     from core.kernels import loader
@@ -89,10 +96,14 @@ def test_the_silu_mul_kernel_is_the_definition(dtype):
     gate, up = gate_up.float().chunk(2, dim=-1)
     exact = torch.nn.functional.silu(gate) * up                   # in float
     assert y.dtype == dtype and y.shape == (9, 1536)
+    # silu(g) * up in fp32: SILU_ROUNDINGS + 1 roundings relative to the exact product (tests/bounds.py),
+    # and where e^-g overflows fp32 (g = -200) silu is below fp32's smallest normal number: that much
+    exact64 = torch.nn.functional.silu(gate.double()) * up.double()
+    in_float = (SILU_ROUNDINGS + 1) * U32 * exact64.abs() + torch.finfo(torch.float32).tiny * up.double().abs()
     if dtype == torch.float32:
-        assert torch.allclose(y, exact, rtol=1e-5, atol=1e-6)
+        assert ((y.double() - exact64).abs() <= in_float).all()
     else:                                                         # one rounding of a float close to exact
-        assert torch.allclose(y.float(), exact.to(dtype).float(), rtol=2 ** -7, atol=1e-6)
+        assert ((y.double() - exact64).abs() <= U_BF16 * (exact64.abs() + in_float) + in_float).all()
     assert y[0, 0] == 0 and y[0, 1] == 200 * up[0, 1].to(dtype) and y[0, 2] == 0
     assert torch.equal(loader.extension().silu_mul(gate_up[4:5])[0], y[4])
 
@@ -105,13 +116,19 @@ def test_rotary_rotates_pairs_of_half_dimensions():
     pos = torch.tensor([0, 1, 2, 7, 30, 63])
     y = rot(x, pos)
     assert torch.allclose(y[0], x[0])                                  # position 0: identity
-    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)   # a rotation keeps norms
-    # dimension i pairs with i + D/2 and turns by pos * theta^(-2i/D)
+    # a rotation keeps norms: the tables' cos^2 + sin^2 is 1 to a few u (each rounded once, 2u each,
+    # plus the fp32 angle's own rounding cancels in cos^2 + sin^2), the products gamma_2 (rotary_f32_bound),
+    # the norms' sums gamma_D: in all (gamma_2 + gamma_D + 4u) |x|, doubled
+    assert ((y.norm(dim=-1) - x.norm(dim=-1)).abs() <= 2 * (gamma(2) + gamma(D) + 4 * U32) * x.norm(dim=-1)).all()
+    # dimension i pairs with i + D/2 and turns by pos * theta^(-2i/D); the table's angle is the fp32
+    # product of an fp32 frequency (pow within 1 ulp, so 3u relative in all), cos and sin rounded once
+    # (u): each output within |angle| 3u (|a| + |b|) + u (|a| + |b|) + gamma_2 (|a| + |b|), doubled
     i, p = 1, 7
     angle = p * theta ** (-2 * i / D)
     a, b = x[3, :, i], x[3, :, i + D // 2]
-    assert torch.allclose(y[3, :, i], a * math.cos(angle) - b * math.sin(angle), atol=1e-5)
-    assert torch.allclose(y[3, :, i + D // 2], b * math.cos(angle) + a * math.sin(angle), atol=1e-5)
+    tol = float(2 * (3 * U32 * angle + U32 + gamma(2)) * (a.abs() + b.abs()).max())
+    assert torch.allclose(y[3, :, i], a * math.cos(angle) - b * math.sin(angle), rtol=0, atol=tol)
+    assert torch.allclose(y[3, :, i + D // 2], b * math.cos(angle) + a * math.sin(angle), rtol=0, atol=tol)
 
 
 def test_rotary_scores_depend_on_relative_position():
@@ -122,8 +139,13 @@ def test_rotary_scores_depend_on_relative_position():
 
     def score(m, n):
         return (rot(q, torch.tensor([m])) * rot(k, torch.tensor([n]))).sum()
-    assert torch.allclose(score(10, 3), score(57, 50), atol=1e-4)
-    assert torch.allclose(score(5, 5), (q * k).sum(), atol=1e-5)
+    # each score is exact up to the tables' angles (fp32, 3u relative: up to 57 * 3u rad here),
+    # cos and sin's rounding (u) and the rotation's and the dot's sums (gamma_2, gamma_D), all
+    # times sum |q| |k| at most; doubled for second order and for the two scores compared
+    scale = float((q.abs() * 2).sum() * (k.abs() * 2).sum())            # |rotated| <= |a| + |b| per pair
+    tol = 2 * 2 * (3 * U32 * 57 + U32 + gamma(2) + gamma(D)) * scale
+    assert torch.allclose(score(10, 3), score(57, 50), rtol=0, atol=tol)
+    assert torch.allclose(score(5, 5), (q * k).sum(), rtol=0, atol=tol)
 
 
 def test_from_state_dict_adopts_the_tensors(tiny_loaded, tiny_model):
@@ -146,18 +168,23 @@ def test_score_shape_and_causality(tiny_model, ids):
     full = tiny_model.score(ids)
     assert full.shape == (len(ids), cfg.vocab_size) and full.dtype == torch.float32
     assert torch.isfinite(full).all()
+    # the same positions computed in another batch: each within SPLIT_SUM_ERROR_RATIO times the
+    # full run's error against float64 (plus 4 ulps), so within tol of each other (tests/bounds.py)
+    _, each, _ = against_f64(full, full, llama_logits_f64(tiny_model, ids), SPLIT_SUM_ERROR_RATIO)
+    tol = 2 * each
     prefix = tiny_model.score(ids[:5])
-    assert torch.allclose(prefix, full[:5], atol=1e-4)          # later tokens do not leak back
+    assert torch.allclose(prefix, full[:5], rtol=0, atol=tol)    # later tokens do not leak back
     changed = tiny_model.score(ids[:5] + [ids[6]] + ids[6:])
-    assert torch.allclose(changed[:5], full[:5], atol=1e-4)
-    assert not torch.allclose(changed[5], full[5], atol=1e-4)
+    assert torch.allclose(changed[:5], full[:5], rtol=0, atol=tol)
+    assert not torch.allclose(changed[5], full[5], rtol=0, atol=tol)
 
 
 def test_tied_lm_head(tiny_model, ids):
     hidden = tiny_model(torch.tensor(ids), torch.arange(len(ids)))
     assert hidden.shape == (len(ids), tiny_model.config.hidden_size)
     logits = tiny_model.logits(hidden)
-    assert torch.allclose(logits, hidden @ tiny_model.embed_tokens.weight.T, atol=1e-4)
+    emb = tiny_model.embed_tokens.weight                     # both fp32 products within gamma_C of exact
+    assert ((logits.double() - hidden.double() @ emb.double().T).abs() <= fp32_dot_bound(hidden, emb)).all()
 
 
 def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
@@ -170,7 +197,11 @@ def test_paged_forward_matches_score(make_tiny_engine, tiny_model, ids):
     step = engine.runner.prepare([(seq, len(ids))])
     with torch.inference_mode():
         paged = engine.view.model.logits(engine.view.model(step.input_ids, step.positions, step.batch))
-    assert torch.allclose(paged, tiny_model.score(ids), atol=1e-4)
+    # the paged kernels are other fp32 arithmetic of the same function: their error against float64
+    # at most SPLIT_SUM_ERROR_RATIO times the plain path's, plus 4 ulps (tests/bounds.py)
+    err, bound, err_plain = against_f64(paged, tiny_model.score(ids), llama_logits_f64(tiny_model, ids),
+                                        SPLIT_SUM_ERROR_RATIO)
+    assert err <= bound, (err, bound, err_plain)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "q4_1"])
@@ -183,7 +214,10 @@ def test_reference_runs_the_same_weights_in_fp32(tiny_loaded, tiny_model, ids, f
         assert a.data_ptr() == b.data_ptr(), name
     plain = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict, packed=False)
     assert torch.equal(ref.score(ids), plain.score(ids))
-    assert torch.allclose(ref.score(ids), tiny_model.score(ids), atol=1e-5)  # tiny_model: prepacked fp32
+    # tiny_model: prepacked fp32, other kernels of the same fp32 function (tests/bounds.py)
+    err, bound, _ = against_f64(ref.score(ids), tiny_model.score(ids), llama_logits_f64(tiny_model, ids),
+                                SPLIT_SUM_ERROR_RATIO)
+    assert err <= bound
     assert not torch.equal(packed.score(ids), tiny_model.score(ids))     # the packed one rounds
     assert tiny_model.reference() is tiny_model
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bounds import SPLIT_SUM_ERROR_RATIO, against_f64, gamma, llama_logits_f64, swiglu_f32_bound
 from core.config import ModelConfig
 from core.errors import InvalidParameter
 from core.model.model import Transformer
@@ -33,9 +34,17 @@ def test_the_grouped_product_is_each_tokens_sum_of_its_experts(tiny_loaded):
     x = torch.randn(11, 64, generator=torch.Generator().manual_seed(0))
     out = mlp(x)
     chosen = (x @ mlp.router.weight.T).topk(3, dim=-1).indices                 # (T, 3), by hand
+    F_ = mlp.experts.down.shape[2]
     for t in range(11):
         expected = sum(expert_by_hand(mlp, int(e), x[t]) for e in chosen[t])
-        assert torch.allclose(out[t], expected, atol=1e-5)
+        # both are fp32 evaluations of the same three SwiGLU experts, summed in other orders: each
+        # within swiglu_f32_bound of the exact value per expert, plus the 2 adds of the experts'
+        # results (gamma_2 * sum |expert|): tests/bounds.py
+        per = [(swiglu_f32_bound(x[t:t + 1], mlp.experts.gate_up[e, :F_], mlp.experts.gate_up[e, F_:],
+                                 mlp.experts.down[e]), expert_by_hand(mlp, int(e), x[t]).double().abs())
+               for e in chosen[t]]
+        bound = sum(b[0] + gamma(2) * a for b, a in per)
+        assert ((out[t].double() - expected.double()).abs() <= 2 * bound).all()
     assert route(mlp.router(x), 3).tolist() == chosen.sort(-1).values.tolist()
 
 
@@ -45,10 +54,20 @@ def test_every_expert_together_is_the_dense_mlp(tiny_loaded):
     files.units = [torch.randperm(128, generator=torch.Generator().manual_seed(i)) for i in range(2)]  # any order
     moe = moe_of(tiny_loaded, files, k=16)
     x = torch.randn(9, 64)
+    E = moe.config.num_experts
     for block, moe_block in zip(dense.layers, moe.layers):
-        assert (block.mlp(x) - moe_block.mlp(x)).abs().max() <= 1e-5
+        # two fp32 evaluations of one SwiGLU MLP: the dense one, and the experts' (its down sum cut
+        # into E chains, then E - 1 adds): each within swiglu_f32_bound of the exact value
+        I = block.mlp.down_proj.weight.shape[1]
+        wg, wu = block.mlp.gate_up_proj.weight[:I], block.mlp.gate_up_proj.weight[I:]
+        bound = swiglu_f32_bound(x, wg, wu, block.mlp.down_proj.weight, extra_roundings=E)
+        assert ((block.mlp(x).double() - moe_block.mlp(x).double()).abs() <= 2 * bound).all()
     ids = tiny_loaded.tokenizer.encode("Experts, all together, are the dense model again.")
-    assert (dense.score(ids) - moe.score(ids)).abs().max() <= 1e-4
+    # the whole model: the experts' error against float64 at most SPLIT_SUM_ERROR_RATIO times the
+    # dense model's own (tests/bounds.py: the same arithmetic, one sum per MLP cut into chains)
+    err, bound, err_dense = against_f64(moe.score(ids), dense.score(ids), llama_logits_f64(dense, ids),
+                                        SPLIT_SUM_ERROR_RATIO)
+    assert err <= bound, (err, bound, err_dense)
 
 
 def test_a_token_gets_the_same_result_alone_and_batched(tiny_loaded):

@@ -1,0 +1,53 @@
+"""The engine's kernel paths this CPU can run, for tests that check every one of them.
+
+The extension (core/model/native_decoder.py) is built with -march=native, so it runs the widest kernels the CPU
+has: AVX-512 (and AVX-512 BF16 for q4_1) where present, else AVX2. A test of a bound or of batch
+invariance must hold on every path a user's CPU may take, so on an AVX-512 CPU the same sources
+are also built a second time without AVX-512 (-mno-avx512f turns off every AVX-512 extension),
+which runs the AVX2 kernels; `use_path` puts that build where core's kernel lookups find it.
+"""
+
+import functools
+
+import pytest
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+FLAGS = cpu_flags()
+NATIVE = "native"      # the build for this CPU: AVX-512 where it has it
+AVX2 = "avx2"          # the same sources without AVX-512
+# every path this CPU offers: the native one, and AVX2 too where the native one is AVX-512
+PATHS = [NATIVE] + ([AVX2] if "avx512f" in FLAGS and {"avx2", "fma", "f16c"} <= FLAGS else [])
+
+
+@functools.cache
+def avx2_extension():
+    """The extension's sources built without AVX-512 (cached by torch under its own name)."""
+    from torch.utils import cpp_extension
+
+    from core.kernels import loader
+
+    loader.extension()                       # the same set-up (ninja on PATH) as the native build
+    return cpp_extension.load(name="sendlens_decoder_avx2", sources=[str(p) for p in loader.SOURCES],
+                              extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"],
+                              extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def use_path(path: str, monkeypatch) -> None:
+    """Make core's kernel lookups (core.kernels.loader.extension, read at call time) return `path`'s build."""
+    if path == NATIVE:
+        return
+    from core.kernels import loader
+    ext = avx2_extension()
+    monkeypatch.setattr(native, "extension", lambda: ext)
+
+
+@pytest.fixture(params=PATHS)
+def kernel_path(request, monkeypatch) -> str:
+    """Each kernel path this CPU offers (kernel_paths.PATHS), in turn, for the test's duration."""
+    use_path(request.param, monkeypatch)
+    return request.param
