@@ -32,7 +32,7 @@ def avx2_extension():
     from core.kernels import loader
 
     loader.extension()                       # the same set-up (ninja on PATH) as the native build
-    return cpp_extension.load(name="sendlens_decoder_avx2", sources=[str(p) for p in loader.SOURCES],
+    return cpp_extension.load(name=loader.build_name() + "_avx2", sources=[str(p) for p in loader.SOURCES],
                               extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"],
                               extra_ldflags=["-fopenmp"], verbose=False)
 
@@ -43,7 +43,10 @@ def use_path(path: str, monkeypatch) -> None:
         return
     from core.kernels import loader
     ext = avx2_extension()
-    monkeypatch.setattr(native, "extension", lambda: ext)
+    monkeypatch.setattr(loader, "extension", lambda: ext)
+    from core.model import linear
+    if linear.q4_kernel() not in (None, ext) or linear.f32_kernel() not in (None, ext):
+        raise RuntimeError("a kernel lookup bypasses core.kernels.loader.extension: the AVX2 path would not be tested")
 
 
 @pytest.fixture(params=PATHS)

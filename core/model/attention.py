@@ -133,7 +133,7 @@ class PagedBatch:
     block_tables: torch.Tensor  # (S, nb) each sequence's blocks, as far as this step reads (0-padded)
     token_seq: torch.Tensor     # (T,) each token's row of block_tables
     positions: torch.Tensor     # (T,) each token's position: it reads keys 0..position
-    kernel: object = None       # the C++ extension (native.extension()); None: the torch path
+    kernel: object = None       # the C++ extension (core.kernels.loader.extension()); None: the torch path
     groups: list["SequenceGroup"] = field(default_factory=list)  # the torch path's groups (plan_groups)
 
 

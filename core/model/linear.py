@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from core.config import WeightFormat
 from core.errors import InvalidParameter
-from core.kernels.loader import extension
+from core.kernels import loader
 
 MIN_GEMM_ROWS = 4       # MKL sgemm's row panel: a partial one switches kernels (and rounding)
 BF16_MIN_ROWS = 2       # oneDNN's plain bf16 matmul takes a matrix-vector kernel for one row
@@ -120,7 +120,7 @@ def linear_q4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor)
 def f32_kernel():
     """The engine's own fp32 product (csrc/f32_matmul.cpp) where it is built and the CPU has AVX2
     and FMA, else None."""
-    ext = extension()
+    ext = loader.extension()
     return ext if ext is not None and ext.f32_matmul_available() else None
 
 
@@ -152,7 +152,7 @@ def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 def q4_kernel():
     """The engine's own Q4_1 product (csrc/q4_matmul.cpp) where it is built and the CPU has
     AVX-512 BF16 or AVX2 (q4_kernel_isa() says which), else None."""
-    ext = extension()
+    ext = loader.extension()
     return ext if ext is not None and ext.q4_matmul_isa() else None
 
 
