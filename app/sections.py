@@ -30,7 +30,7 @@ class Section:
     coming: tuple[str, ...]      # those of them not built yet: a placeholder panel stands in
     badges: tuple[str, ...]      # keys of BADGES its figures use
     summary: str                 # one sentence: what the reader will see in the widget
-    prose: tuple[str, ...]       # the body's paragraphs as written (Markdown)
+    prose: tuple[str, ...]       # the body's paragraphs, Markdown as written (whitespace joined)
     html: str                    # the body rendered, placeholders not yet filled
     path: str                    # the file, as messages name it
 
