@@ -66,7 +66,7 @@ def test_partial_characters_carry_their_bytes(ws):
 
 def test_every_token_of_the_vocabulary_has_the_bytes_the_tokenizer_decodes(tiny_loaded):
     """The byte-level alphabet read back: each token's bytes decode as transformers decodes it alone."""
-    from app.widgets.tokenizer import token_bytes
+    from app.token_text import token_bytes
     tok = tiny_loaded.tokenizer
     ids = list(range(tok.vocab_size))
     decoded = tok.token_texts(ids)
