@@ -73,3 +73,56 @@ export function debounce(fn, ms = 250) {
   wrapped.cancel = () => clearTimeout(timer);
   return wrapped;
 }
+
+// Turn a control off while its action runs without losing the keyboard's place. A focused button
+// that is disabled drops the focus to <body>: it goes to `fallback` at once when one is given (the
+// Stop button beside a Send button), else back to the control when it is enabled again (unless the
+// reader has moved on meanwhile).
+const lostFocus = new WeakSet();
+export function setDisabled(control, disabled, fallback = null) {
+  const focused = document.activeElement === control;
+  control.disabled = disabled;
+  if (disabled && focused) {
+    if (fallback && !fallback.disabled) fallback.focus();
+    else lostFocus.add(control);
+  } else if (!disabled && lostFocus.has(control)) {
+    lostFocus.delete(control);
+    const now = document.activeElement;
+    if (!now || now === document.body) control.focus();
+  }
+}
+
+// A chart for a screen reader: an image with a label, summed up in words by a text node on the
+// page (its note), which the chart points to with aria-describedby.
+let summaries = 0;
+export function describeChart(node, label, summary = null) {
+  node.setAttribute("role", "img");
+  node.setAttribute("aria-label", label);
+  if (summary) {
+    if (!summary.id) summary.id = `sendlens-summary-${++summaries}`;
+    node.setAttribute("aria-describedby", summary.id);
+  }
+  return node;
+}
+
+// A box that scrolls: the keyboard can reach it (and scroll it with the arrows), and it is named.
+export function scrollBox(node, label) {
+  node.tabIndex = 0;
+  node.setAttribute("aria-label", label);
+  return node;
+}
+
+// Let Enter and Space act on an element that is not a button (a chip, a cell): it gets a tab stop
+// and the role of a button.
+export function pressable(node, onPress, label = null) {
+  node.tabIndex = 0;
+  node.setAttribute("role", "button");
+  if (label) node.setAttribute("aria-label", label);
+  node.addEventListener("click", onPress);
+  node.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" && event.key !== " ") return;
+    event.preventDefault();
+    onPress(event);
+  });
+  return node;
+}

@@ -14,7 +14,7 @@
 // A run of several calls in a row passes a function instead of a message: it gets `call(message,
 // onProgress)`, the client's call bound to this run, and its resolved value goes to render.
 
-import { setState } from "./dom.js";
+import { setDisabled, setState } from "./dom.js";
 
 // A progress message's share done, for texts such as "Timing: … (40%)…".
 export function percent(p) {
@@ -26,9 +26,11 @@ function aborted() {
   return Object.assign(new Error("aborted"), { code: "aborted" });
 }
 
-// root: the widget's root (gets data-state); progress: the element for the progress line;
-// button: disabled while a run is going (null for widgets that leave it on).
-export function jobRunner(root, { client, progress, button = null }) {
+// root: the widget's root (gets data-state); progress: the element for the progress line (null for
+// a widget without one); button: disabled while a run is going (null for widgets that leave it
+// on); a button that had the keyboard's focus gets it back when the run is over.
+export function jobRunner(root, { client, progress = null, button = null }) {
+  const say = (text) => { if (progress) progress.textContent = text; };
   let current = null;     // the AbortController of the newest run
   let stopped = false;    // after stop(), run() starts nothing
 
@@ -43,26 +45,26 @@ export function jobRunner(root, { client, progress, button = null }) {
     const controller = new AbortController();
     current = controller;
     const signal = controller.signal;
-    if (running !== null) progress.textContent = running;
-    if (button) button.disabled = true;
+    if (running !== null) say(running);
+    if (button) setDisabled(button, true);
     const call = (message, toText = onProgress) => {
       if (signal.aborted) return Promise.reject(aborted());   // not sent: it could not be aborted
       return client.call(message, {
         signal,
-        onProgress: toText ? (p) => { progress.textContent = toText(p); } : undefined,
+        onProgress: toText ? (p) => say(toText(p)) : undefined,
       }).then((r) => { if (signal.aborted) throw aborted(); return r; });
     };
     return (typeof job === "function" ? job(call) : call(job)).then(async (r) => {
       if (signal.aborted) return;
       if (render) await render(r);
-      progress.textContent = typeof done === "function" ? done(r) : done;
+      say(typeof done === "function" ? done(r) : done);
       setState(root, "ready");
     }).catch((err) => {
       if (signal.aborted || err.code === "aborted") return;
       if (recover?.(err)) return;
-      progress.textContent = "";
+      say("");
       setState(root, "error", err.message);
-    }).finally(() => { if (button && current === controller) button.disabled = false; });
+    }).finally(() => { if (button && current === controller) setDisabled(button, false); });
   }
 
   // The widget is going away: abort the current run and start no other.
@@ -71,5 +73,10 @@ export function jobRunner(root, { client, progress, button = null }) {
     current?.abort();
   }
 
-  return { run, stop };
+  // Abort the current run (its result is ignored) but keep taking new ones.
+  function cancel() {
+    current?.abort();
+  }
+
+  return { run, stop, cancel };
 }
