@@ -37,15 +37,17 @@ export function jobRunner(root, { client, progress = null, button = null }) {
   // job: a message for client.call, or async (call) => result for several calls in a row.
   // running: the first progress text; onProgress(p): the text for a progress message;
   // render(result): may return a promise; done: the last text, a string or a function of the result;
-  // recover(err): return true when it dealt with the error itself (no error state then).
+  // recover(err): return true when it dealt with the error itself (no error state then);
+// loading: set data-state="loading" while it runs (a test waiting for "ready" then waits for it).
   // Returns a promise that settles when this run is over; it never rejects.
-  function run(job, { running = null, onProgress = null, render = null, done = "", recover = null } = {}) {
+  function run(job, { running = null, onProgress = null, render = null, done = "", recover = null, loading = false } = {}) {
     if (stopped) return Promise.resolve();
     current?.abort();
     const controller = new AbortController();
     current = controller;
     const signal = controller.signal;
     if (running !== null) say(running);
+    if (loading) setState(root, "loading");
     if (button) setDisabled(button, true);
     const call = (message, toText = onProgress) => {
       if (signal.aborted) return Promise.reject(aborted());   // not sent: it could not be aborted
