@@ -50,10 +50,32 @@ function makeContext(root, name) {
   };
 }
 
+// A widget's own style sheet, linked once when the first widget of that name mounts; resolves
+// when it has loaded, so the widget never draws unstyled. An embed links its sheet in the page.
+const styles = new Map();
+
+function loadStyle(name) {
+  const href = new URL(`../css/widgets/${name}.css`, import.meta.url).href;
+  if (!styles.has(href)) {
+    const present = [...document.querySelectorAll('link[rel="stylesheet"]')].find((l) => l.href === href);
+    styles.set(href, present?.sheet ? Promise.resolve() : new Promise((resolve, reject) => {
+      const link = present || document.createElement("link");
+      link.addEventListener("load", () => resolve(), { once: true });
+      link.addEventListener("error", () => reject(new Error(`its style sheet ${href} failed to load`)), { once: true });
+      if (!present) {
+        link.rel = "stylesheet";
+        link.href = href;
+        document.head.append(link);
+      }
+    }));
+  }
+  return styles.get(href);
+}
+
 async function mountWidget(root) {
   const name = root.dataset.widget;
   try {
-    const module = await import(`./widgets/${name}.js`);
+    const [module] = await Promise.all([import(`./widgets/${name}.js`), loadStyle(name)]);
     root.replaceChildren();
     const unmount = module.mount(root, makeContext(root, name));
     root.sendlensUnmount = typeof unmount === "function" ? unmount : () => {};
