@@ -36,12 +36,19 @@ function parseWorkload(text) {
   return { pairs };
 }
 
+// Each side's figure keys, written out (docs/widgets.md lists them; a test finds each one here).
+const KEYS = {
+  static: { steps: "static_steps", idle: "static_idle_slots", total: "static_total_ms" },
+  continuous: { steps: "continuous_steps", idle: "continuous_idle_slots", total: "continuous_total_ms" },
+};
+
 // One side: its three tiles, its grid of steps by slots (in a box that scrolls) and its finish list.
 function buildSide(mode) {
+  const keys = KEYS[mode];
   const side = {
-    steps: stat("Steps", { key: `${mode}_steps`, note: "engine iterations" }),
-    idle: stat("Idle slots", { key: `${mode}_idle_slots`, note: "slot-steps with no work" }),
-    total: stat("Total time", { key: `${mode}_total_ms`, note: "sum of step times" }),
+    steps: stat("Steps", { key: keys.steps, note: "engine iterations" }),
+    idle: stat("Idle slots", { key: keys.idle, note: "slot-steps with no work" }),
+    total: stat("Total time", { key: keys.total, note: "sum of step times" }),
     grid: el("div", { class: "bt-grid", role: "table", "aria-label": `${mode} batching: steps by slots` }),
     done: el("ol", { class: "bt-done" }),
   };
