@@ -26,9 +26,22 @@ ARTIFACTS = Path(os.environ.get("SENDLENS_ARTIFACTS", ROOT / "artifacts"))
 
 def pytest_sessionstart(session):
     """Build the engine's C++ decoder once, before any test or server starts an engine (the first
-    build takes about a minute; later runs load it from torch's extensions cache)."""
+    build takes minutes; later runs load it from torch's extensions cache)."""
     from core.kernels import loader
     loader.extension()
+
+
+# Modules that start worker processes or a server of their own, or wait out the server's own
+# timeouts (pings, idle connections, a stopped process): `make test` runs them, `make fast` (the
+# inner loop, -m "not slow") leaves them out. Matched by file name, in tests/ and tests/widgets/.
+SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py",
+                "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
