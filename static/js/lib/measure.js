@@ -9,7 +9,7 @@
 //   return life.unmount;
 
 import { debounce, el, setState } from "./dom.js";
-import { purge } from "./chart.js";
+import { teardown } from "./lifecycle.js";
 import { stat } from "./figures.js";
 
 // root, ctx: the widget's; job: its jobRunner (lib/job.js); button: "Measure again" (null: none);
@@ -26,14 +26,8 @@ export function measuring(root, ctx, { job, button = null, measure, changed = []
   for (const input of typed) input.addEventListener("input", later);
   button?.addEventListener("click", () => { run += 1; go(); });
   const offStatus = ctx.connected((hello) => { onHello?.(hello); return go(); });
-  function unmount() {
-    later.cancel();
-    job.stop();
-    offStatus();
-    cleanups.forEach((fn) => fn());
-    charts.forEach(purge);
-    root.replaceChildren();
-  }
+  // cleanups is read at unmount: a widget may push to it after this call (phases.js does)
+  const unmount = teardown(root, [later.cancel, job.stop, offStatus, () => cleanups.forEach((fn) => fn())], charts);
   return { later, measure: go, unmount, fail: (err) => setState(root, "error", err.message) };
 }
 

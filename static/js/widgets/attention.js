@@ -4,13 +4,14 @@
 // or a token chip) to see its row as bars. Long texts come back binned into blocks of tokens by
 // the server (the reply says bin_size) and the clicked row is then fetched exactly.
 
-import { plot, purge, escapeLabel } from "../lib/chart.js";
+import { plot, escapeLabel } from "../lib/chart.js";
 import { blend, textOn } from "../lib/color.js";
 import { debounce, describeChart, el, field, setState } from "../lib/dom.js";
 import { figure, stat, stats } from "../lib/figures.js";
 import { fmtNum, fmtPct, visibleWhitespace } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to Mary. The cat sat on the mat because it was tired.";
 const CHIP_LIMIT = 300;        // more tokens than this: no chips, pick the query on the map or by number
@@ -377,9 +378,7 @@ function listen(w) {
 }
 
 export function mount(root, ctx) {
-  const { values: opts } = ctx.readOptions(OPTIONS);
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const w = {
     root, ctx, view,
     state: { reply: null, sent: null, focus: 0, query: null, row: null, wantQuery: opts.query, clickBound: false },
@@ -393,13 +392,5 @@ export function mount(root, ctx) {
     if (w.state.reply) w.state.wantQuery = w.state.query;
     return request(w);
   });
-  return () => {
-    unlisten();
-    w.job.stop();
-    w.rowJob.stop();
-    offStatus();
-    purge(view.mapNode);
-    purge(view.rowNode);
-    root.replaceChildren();
-  };
+  return teardown(root, [unlisten, w.job.stop, w.rowJob.stop, offStatus], [view.mapNode, view.rowNode]);
 }

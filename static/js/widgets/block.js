@@ -4,11 +4,12 @@
 // after it, the entropy of attention and the size of the MLP's update, per token.
 
 import { debounce, describeChart, el, field, keepFocus, select, setState, svg } from "../lib/dom.js";
-import { escapeLabel, plot, purge } from "../lib/chart.js";
+import { escapeLabel, plot } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtNum, visibleWhitespace } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "The old lighthouse keeper climbed the stairs every night to light the lamp.";
 
@@ -250,11 +251,5 @@ export function mount(root, ctx) {
     view.gqa.replaceChildren(drawGqa(view, hello));
     return run();
   });
-  return () => {
-    onText.cancel();
-    job.stop();
-    offStatus();
-    purge(view.chart);
-    root.replaceChildren();
-  };
+  return teardown(root, [onText.cancel, job.stop, offStatus], [view.chart]);
 }

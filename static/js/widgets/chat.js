@@ -8,6 +8,7 @@ import { fmtMs, weightFormat } from "../lib/format.js";
 import { tokenChips } from "../lib/tokens.js";
 import { announce } from "../lib/events.js";
 import { jobRunner } from "../lib/job.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const SUGGESTION = "What is the capital of France?";
 const KINDS = [
@@ -313,21 +314,13 @@ function start(w, hello, opts) {
 }
 
 export function mount(root, ctx) {
-  const opts = ctx.readOptions(OPTIONS).values;
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const w = { root, ctx, view, state: { messages: [], current: null, template: null, previewTimer: null }, job: jobRunner(root, { client: ctx.client }) };
   listen(w);
   const timeout = setTimeout(() => {
     if (root.dataset.state !== "ready") setState(root, "error", "Cannot reach the sendlens server.");
   }, 20000);
   const offStatus = ctx.connected((hello) => start(w, hello, opts).then(() => { if (root.dataset.state === "ready") clearTimeout(timeout); }));
-  return () => {
-    clearTimeout(timeout);
-    clearTimeout(w.state.previewTimer);
-    w.job.stop();
-    w.state.current?.abort();
-    offStatus();
-    root.replaceChildren();
-  };
+  return teardown(root, [() => clearTimeout(timeout), () => clearTimeout(w.state.previewTimer), w.job.stop,
+    () => w.state.current?.abort(), offStatus]);
 }

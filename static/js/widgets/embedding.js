@@ -6,9 +6,10 @@
 import { describeChart, el, scrollBox, svg } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtNum, visibleWhitespace as visible } from "../lib/format.js";
-import { escapeLabel, plot, purge } from "../lib/chart.js";
+import { escapeLabel, plot } from "../lib/chart.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TOKEN = " cat";
 
@@ -151,9 +152,7 @@ export function renderLookup(view, { r, what, spaced }, onPick) {
 }
 
 export function mount(root, ctx) {
-  const opts = ctx.readOptions(OPTIONS).values;
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const job = jobRunner(root, { client: ctx.client, progress: view.progress });
   let current = null;
 
@@ -197,10 +196,5 @@ export function mount(root, ctx) {
     view.idInput.max = String(hello.vocab_size - 1);
     return lookUp(opts.token_id !== null && opts.token_id < hello.vocab_size ? { token_id: opts.token_id } : { text: opts.token || DEFAULT_TOKEN });
   });
-  return () => {
-    job.stop();
-    offStatus();
-    purge(view.strip);
-    root.replaceChildren();
-  };
+  return teardown(root, [job.stop, offStatus], [view.strip]);
 }

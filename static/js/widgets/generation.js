@@ -8,12 +8,13 @@
 // A candidate can be taken instead of the sampler's choice: click its bar, or its button below the
 // chart (the keyboard's way in).
 
-import { plot, purge, escapeLabel } from "../lib/chart.js";
+import { plot, escapeLabel } from "../lib/chart.js";
 import { debounce, describeChart, el, field, scrollBox, setDisabled, setState } from "../lib/dom.js";
 import { figure, stat, stats } from "../lib/figures.js";
 import { fmtMs, fmtNum, fmtPct, visibleWhitespace, weightFormat } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const KV_CELL_LIMIT = 640;   // longer sequences: the KV strip shows blocks, not token cells
 
@@ -326,9 +327,7 @@ function listen(w) {
 }
 
 export function mount(root, ctx) {
-  const { values: opts } = ctx.readOptions(OPTIONS);
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const w = {
     root, ctx, view,
     state: { hello: null, tokens: [], texts: [], last: null, busy: false, ended: false, clickBound: false, seq: 0 },
@@ -340,11 +339,5 @@ export function mount(root, ctx) {
     w.state.hello = hello;
     return reset(w);
   });
-  return () => {
-    unlisten();
-    w.job.stop();
-    offStatus();
-    purge(view.chartNode);
-    root.replaceChildren();
-  };
+  return teardown(root, [unlisten, w.job.stop, offStatus], [view.chartNode]);
 }

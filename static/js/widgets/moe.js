@@ -6,10 +6,11 @@
 // quality; the last figure runs the layer with its experts in worker processes (all-to-all).
 
 import { describeChart, el, field, select, setDisabled, svg } from "../lib/dom.js";
-import { plot, purge } from "../lib/chart.js";
+import { plot } from "../lib/chart.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum, visibleWhitespace } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXTS = [
   "The cat sat on the mat and watched the rain run down the window.",
@@ -260,11 +261,5 @@ export function mount(root, ctx) {
     setLayers(view.layerSel, hello.num_layers);
     return update(!state.routed);
   });
-  return () => {
-    job.stop();
-    offStatus();
-    purge(view.loadChart);
-    purge(view.splitChart);
-    root.replaceChildren();
-  };
+  return teardown(root, [job.stop, offStatus], [view.loadChart, view.splitChart]);
 }

@@ -9,6 +9,7 @@ import { describeChart, el, scrollBox, setDisabled } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtNum, fmtPct } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const POLL_MS = 500;
 const OPTIONS = {
@@ -253,12 +254,5 @@ export function mount(root, ctx) {
   });
 
   const offStatus = ctx.connected(() => polling.poll());
-  return () => {
-    alive = false;
-    job.stop();
-    polling.stop();
-    offStatus();
-    handles.forEach((h) => h.abort());
-    root.replaceChildren();
-  };
+  return teardown(root, [() => { alive = false; }, job.stop, polling.stop, offStatus, () => handles.forEach((h) => h.abort())]);
 }

@@ -6,10 +6,11 @@
 
 import { debounce, describeChart, el, field, keepFocus, select, svg } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
-import { plot, purge } from "../lib/chart.js";
+import { plot } from "../lib/chart.js";
 import { fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "The cat sat on the mat because it was tired after the long walk.";
 
@@ -217,11 +218,5 @@ export function mount(root, ctx) {
     if (state.head >= hello.num_heads) state.head = 0;
     return run();
   });
-  return () => {
-    onText.cancel();
-    job.stop();
-    offStatus();
-    purge(view.chart);
-    root.replaceChildren();
-  };
+  return teardown(root, [onText.cancel, job.stop, offStatus], [view.chart]);
 }
