@@ -10,7 +10,9 @@
 
 import { debounce, el, setState } from "./dom.js";
 import { teardown } from "./lifecycle.js";
-import { stat } from "./figures.js";
+
+// view(table) lives with the stat tiles it builds; the measuring widgets take it from here.
+export { view } from "./figures.js";
 
 // root, ctx: the widget's; job: its jobRunner (lib/job.js); button: "Measure again" (null: none);
 // measure(run): start a run, returns its promise;
@@ -61,17 +63,6 @@ export function workersLine(m, n, verb, crowded) {
     + (n > m.cpu_count ? crowded : "")
     + `The machine is shared with the server and other work (load average ${m.load_average} over the last minute, on ${m.cpu_count} cores; `
     + "the workers run at a lower priority than the server): times move from run to run.";
-}
-
-// A widget's empty view from a table in reading order, { name: entry }: an entry [label, figure
-// key or null, note or null] is a stat tile (lib/figures.js), "tag.class.class" an empty element
-// for the widget's render functions to fill.
-export function view(table) {
-  return Object.fromEntries(Object.entries(table).map(([name, entry]) => {
-    if (Array.isArray(entry)) return [name, stat(entry[0], { key: entry[1], note: entry[2] })];
-    const [tag, ...classes] = entry.split(".");
-    return [name, el(tag, { class: classes.join(" ") || null })];
-  }));
 }
 
 // The line that says what a run is doing, read out politely by screen readers.

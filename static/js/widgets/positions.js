@@ -5,7 +5,7 @@
 // far apart they are: the same two vectors placed at many absolute positions, scored.
 
 import { debounce, describeChart, el, field, keepFocus, select, svg } from "../lib/dom.js";
-import { figure, stat } from "../lib/figures.js";
+import { figure, view as viewOf } from "../lib/figures.js";
 import { plot } from "../lib/chart.js";
 import { fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
@@ -25,6 +25,14 @@ const OPTIONS = {
 
 const COLORS = { before: "#9aa0a8", near: "#2f5fd0", far: "#d0702f" };
 
+const VIEW = {  // name: a stat tile [label, figure key, note] or an element "tag.class"
+  theta: ["theta", "theta", "RoPE base"], realOffset: ["Offset", "real_offset", "query − key positions"],
+  realScore: ["Score", "real_score", "q·k/√D at their real places"], clocks: "div.clocks", legend: "div.rope-legend",
+  maxSpread: ["Max spread", "max_spread", "across positions, same offset"], maxSpreadRel: ["Relative", "max_spread_rel", "spread ÷ largest |score|"],
+  offsetRange: ["Offsets vary", "offset_range", "range of scores over offsets"], table: "div.rope-table-wrap",
+  chart: "div.chart.rope-chart", tableNote: "p.note",
+};
+
 function build(text) {
   const input = el("textarea", { class: "text-input", rows: 2, "aria-label": "Text", name: "text" });
   input.value = text;
@@ -33,17 +41,7 @@ function build(text) {
     selects: el("div", { class: "controls" }, [el("span"), el("span"), el("span"), el("span")]),
     progress: el("p", { class: "progress", "aria-live": "polite" }),
     chips: el("div", { class: "rope-tokens", role: "group", "aria-label": "Tokens: the query and the key are marked" }),
-    theta: stat("theta", { key: "theta", note: "RoPE base" }),
-    realOffset: stat("Offset", { key: "real_offset", note: "query − key positions" }),
-    realScore: stat("Score", { key: "real_score", note: "q·k/√D at their real places" }),
-    clocks: el("div", { class: "clocks" }),
-    legend: el("div", { class: "rope-legend" }),
-    maxSpread: stat("Max spread", { key: "max_spread", note: "across positions, same offset" }),
-    maxSpreadRel: stat("Relative", { key: "max_spread_rel", note: "spread ÷ largest |score|" }),
-    offsetRange: stat("Offsets vary", { key: "offset_range", note: "range of scores over offsets" }),
-    table: el("div", { class: "rope-table-wrap" }),
-    chart: el("div", { class: "chart rope-chart" }),
-    tableNote: el("p", { class: "note" }),
+    ...viewOf(VIEW),
   };
   const v = view;
   describeChart(v.chart, "Score against offset, one line per absolute position", v.tableNote);
