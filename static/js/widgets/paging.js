@@ -22,7 +22,6 @@ const COLORS = ["#2f5fd0", "#1d7a4f", "#8a3f8f", "#9a5b00", "#4b55a8", "#b03060"
 const KIND_COLORS = { free: "#eceae4", cached: "#cfe8d9", shared: "#d0702f" };
 const POOL_MAX_HEIGHT = 256;   // px: a larger pool gets smaller cells, then several blocks a pixel
 
-
 const TILES = {  // name: a stat tile [label, figure key, note]
   free: ["Free", "free_blocks", "blocks no request holds"], total: ["Pool", "total_blocks", "blocks in all"],
   shared: ["Shared", "shared_blocks", "blocks held by 2+ requests"], cachedFree: ["Cached, free", "cached_free_blocks", "free, prefix kept for reuse"],
