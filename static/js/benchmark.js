@@ -20,6 +20,16 @@ function top(node, entries) {
 
 const byScenario = (view, rows, scenario) => rows.find((r) => r.scenario === scenario);
 
+// Bars grouped by system, one colour a trace, the legend above them; yTitle names the axis.
+function groupedBars(node, traces, yTitle) {
+  return plot(node, traces, {
+    height: 300 + top(node, traces.length), barmode: "group", showlegend: true, legend: LEGEND,
+    margin: { t: top(node, traces.length), b: 70, l: 52 },
+    xaxis: { tickfont: { size: 9 }, automargin: true },
+    yaxis: { title: { text: yTitle, font: AXIS_FONT }, rangemode: "tozero" },
+  });
+}
+
 function decodeChart(view, node) {
   const names = view.systems.map((s) => s.name);
   const alone = byScenario(view, view.single, "decode_1");
@@ -33,12 +43,7 @@ function decodeChart(view, node) {
   const limited = names.filter((n) => limits[n]);
   if (limited.length) traces.push({ type: "scatter", mode: "markers", name: "bandwidth limit", x: limited, y: limited.map((n) => limits[n]),
     marker: { symbol: "line-ew-open", size: 28, color: "#1d1f23", line: { width: 2, color: "#1d1f23" } }, hovertemplate: "%{x}: at most %{y:.0f} tok/s<extra></extra>" });
-  return plot(node, traces, {
-    height: 300 + top(node, traces.length), barmode: "group", showlegend: true, legend: LEGEND,
-    margin: { t: top(node, traces.length), b: 70, l: 52 },
-    xaxis: { tickfont: { size: 9 }, automargin: true },
-    yaxis: { title: { text: "decode, tokens per second", font: AXIS_FONT }, rangemode: "tozero" },
-  });
+  return groupedBars(node, traces, "decode, tokens per second");
 }
 
 function prefillChart(view, node) {
@@ -48,12 +53,7 @@ function prefillChart(view, node) {
     .filter(([row]) => row)
     .map(([row, label, color]) => ({ type: "bar", name: label, x: names, y: row.cells.map((c) => c.value),
       marker: { color }, hovertemplate: `%{x}: %{y:.0f} tok/s, ${label}<extra></extra>` }));
-  return plot(node, traces, {
-    height: 300 + top(node, traces.length), barmode: "group", showlegend: true, legend: LEGEND,
-    margin: { t: top(node, traces.length), b: 70, l: 52 },
-    xaxis: { tickfont: { size: 9 }, automargin: true },
-    yaxis: { title: { text: "prefill, prompt tokens per second", font: AXIS_FONT }, rangemode: "tozero" },
-  });
+  return groupedBars(node, traces, "prefill, prompt tokens per second");
 }
 
 // Per system across the concurrency levels it ran at (a system that skipped a level has a gap).

@@ -54,3 +54,14 @@ export function stat(label, { key = null, note = null, badge: badgeKey = null } 
 export function stats(tiles) {
   return el("div", { class: "stats" }, tiles.map((t) => t.node));
 }
+
+// A widget's empty view from a table in reading order, { name: entry }: an entry [label, figure
+// key or null, note or null, badge] (badge may be left off) is a stat tile, "tag.class.class" an
+// empty element for the widget's render functions to fill.
+export function view(table) {
+  return Object.fromEntries(Object.entries(table).map(([name, entry]) => {
+    if (Array.isArray(entry)) return [name, stat(entry[0], { key: entry[1], note: entry[2], badge: entry[3] ?? null })];
+    const [tag, ...classes] = entry.split(".");
+    return [name, el(tag, { class: classes.join(" ") || null })];
+  }));
+}

@@ -9,8 +9,10 @@
 //   return life.unmount;
 
 import { debounce, el, setState } from "./dom.js";
-import { purge } from "./chart.js";
-import { stat } from "./figures.js";
+import { teardown } from "./lifecycle.js";
+
+// view(table) lives with the stat tiles it builds; the measuring widgets take it from here.
+export { view } from "./figures.js";
 
 // root, ctx: the widget's; job: its jobRunner (lib/job.js); button: "Measure again" (null: none);
 // measure(run): start a run, returns its promise;
@@ -26,14 +28,8 @@ export function measuring(root, ctx, { job, button = null, measure, changed = []
   for (const input of typed) input.addEventListener("input", later);
   button?.addEventListener("click", () => { run += 1; go(); });
   const offStatus = ctx.connected((hello) => { onHello?.(hello); return go(); });
-  function unmount() {
-    later.cancel();
-    job.stop();
-    offStatus();
-    cleanups.forEach((fn) => fn());
-    charts.forEach(purge);
-    root.replaceChildren();
-  }
+  // cleanups is read at unmount: a widget may push to it after this call (phases.js does)
+  const unmount = teardown(root, [later.cancel, job.stop, offStatus, () => cleanups.forEach((fn) => fn())], charts);
   return { later, measure: go, unmount, fail: (err) => setState(root, "error", err.message) };
 }
 
@@ -67,17 +63,6 @@ export function workersLine(m, n, verb, crowded) {
     + (n > m.cpu_count ? crowded : "")
     + `The machine is shared with the server and other work (load average ${m.load_average} over the last minute, on ${m.cpu_count} cores; `
     + "the workers run at a lower priority than the server): times move from run to run.";
-}
-
-// A widget's empty view from a table in reading order, { name: entry }: an entry [label, figure
-// key or null, note or null] is a stat tile (lib/figures.js), "tag.class.class" an empty element
-// for the widget's render functions to fill.
-export function view(table) {
-  return Object.fromEntries(Object.entries(table).map(([name, entry]) => {
-    if (Array.isArray(entry)) return [name, stat(entry[0], { key: entry[1], note: entry[2] })];
-    const [tag, ...classes] = entry.split(".");
-    return [name, el(tag, { class: classes.join(" ") || null })];
-  }));
 }
 
 // The line that says what a run is doing, read out politely by screen readers.

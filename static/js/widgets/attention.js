@@ -4,13 +4,14 @@
 // or a token chip) to see its row as bars. Long texts come back binned into blocks of tokens by
 // the server (the reply says bin_size) and the clicked row is then fetched exactly.
 
-import { plot, purge, escapeLabel } from "../lib/chart.js";
+import { plot, escapeLabel } from "../lib/chart.js";
 import { blend, textOn } from "../lib/color.js";
 import { debounce, describeChart, el, field, setState } from "../lib/dom.js";
-import { figure, stat, stats } from "../lib/figures.js";
+import { figure, stats, view as viewOf } from "../lib/figures.js";
 import { fmtNum, fmtPct, visibleWhitespace } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "When Mary and John went to the store, John gave a drink to Mary. The cat sat on the mat because it was tired.";
 const CHIP_LIMIT = 300;        // more tokens than this: no chips, pick the query on the map or by number
@@ -52,6 +53,17 @@ function colourMax(rows) {
   return top > 0 ? top : values[values.length - 1] || 1;
 }
 
+// The stat tiles, name: [label, figure key, note, badge], and the empty elements, name: "tag.class".
+const TILES = {
+  tokens: ["Tokens", "num_tokens", "in your text"], bin: ["Bin size", "bin_size", "tokens per cell (1: exact)", "computed"],
+  kv: ["KV head", "kv_head", "whose keys it reads"], max: ["Top weight", "max_weight", "in the chosen row"],
+  sink: ["On token 0", "sink_weight", "mean over rows"], prev: ["On previous", "previous_weight", "mean over rows"],
+};
+const VIEW = {
+  mapNode: "div.chart.attn-map", mapNote: "p.note.attn-map-note", rowNode: "div.chart.attn-row",
+  rowTitle: "p.attn-row-title", chipsNote: "p.note",
+};
+
 function build(opts) {
   const view = {
     textBox: el("textarea", { class: "text-input", rows: 2, name: "text", "aria-label": "Text" }),
@@ -59,21 +71,10 @@ function build(opts) {
     headSel: el("select", { "aria-label": "Head", name: "head" }),
     queryInput: el("input", { type: "number", min: "0", name: "query", "aria-label": "Query token" }),
     progress: el("p", { class: "progress", "aria-live": "polite" }),
-    tiles: {
-      tokens: stat("Tokens", { key: "num_tokens", note: "in your text" }),
-      bin: stat("Bin size", { key: "bin_size", note: "tokens per cell (1: exact)", badge: "computed" }),
-      kv: stat("KV head", { key: "kv_head", note: "whose keys it reads" }),
-      max: stat("Top weight", { key: "max_weight", note: "in the chosen row" }),
-      sink: stat("On token 0", { key: "sink_weight", note: "mean over rows" }),
-      prev: stat("On previous", { key: "previous_weight", note: "mean over rows" }),
-    },
-    mapNode: el("div", { class: "chart attn-map" }),
-    mapNote: el("p", { class: "note attn-map-note" }),
+    tiles: viewOf(TILES),
+    ...viewOf(VIEW),
     mapTitle: el("h3", { text: "Weights" }),
-    rowNode: el("div", { class: "chart attn-row" }),
-    rowTitle: el("p", { class: "attn-row-title" }),
     chips: el("div", { class: "tokens attn-chips", role: "group", "aria-label": "Tokens: click one to pick the query" }),
-    chipsNote: el("p", { class: "note" }),
   };
   const v = view;
   v.textBox.value = opts.text;
@@ -377,9 +378,7 @@ function listen(w) {
 }
 
 export function mount(root, ctx) {
-  const { values: opts } = ctx.readOptions(OPTIONS);
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const w = {
     root, ctx, view,
     state: { reply: null, sent: null, focus: 0, query: null, row: null, wantQuery: opts.query, clickBound: false },
@@ -393,13 +392,5 @@ export function mount(root, ctx) {
     if (w.state.reply) w.state.wantQuery = w.state.query;
     return request(w);
   });
-  return () => {
-    unlisten();
-    w.job.stop();
-    w.rowJob.stop();
-    offStatus();
-    purge(view.mapNode);
-    purge(view.rowNode);
-    root.replaceChildren();
-  };
+  return teardown(root, [unlisten, w.job.stop, w.rowJob.stop, offStatus], [view.mapNode, view.rowNode]);
 }

@@ -4,11 +4,12 @@
 // after it, the entropy of attention and the size of the MLP's update, per token.
 
 import { debounce, describeChart, el, field, keepFocus, select, setState, svg } from "../lib/dom.js";
-import { escapeLabel, plot, purge } from "../lib/chart.js";
-import { figure, stat } from "../lib/figures.js";
+import { escapeLabel, plot } from "../lib/chart.js";
+import { figure, view as viewOf } from "../lib/figures.js";
 import { fmtNum, visibleWhitespace } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "The old lighthouse keeper climbed the stairs every night to light the lamp.";
 
@@ -25,6 +26,14 @@ const METRICS = {
   mlp_update_norm: { label: "MLP update", title: "Size of what the MLP adds to the residual stream (L2 norm)", color: "#d0702f", scale: "Oranges", log: true },
 };
 
+const VIEW = {  // name: a stat tile [label, figure key, note] or an element "tag.class"
+  anatomy: "div.anatomy", gqa: "div.gqa", gqaNote: "p.note",
+  numLayers: ["Blocks", "num_layers", "in the stack"], embeddingNorm: ["Start", "embedding_norm", "norm of the token's embedding"],
+  finalNorm: ["End", "final_residual_norm", "after the last block"],
+  maxEntropy: ["Widest attention", "max_entropy_layer", "block with the highest mean entropy"],
+  stackNote: "p.note", chart: "div.chart.block-heatmap", chartNote: "p.note",
+};
+
 function build(opts) {
   const input = el("textarea", { class: "text-input", rows: 2, "aria-label": "Text", name: "text" });
   input.value = opts.text;
@@ -34,17 +43,8 @@ function build(opts) {
     metric: select(Object.entries(METRICS).map(([k, m]) => [k, m.label]), opts.metric, { "aria-label": "Heatmap", name: "metric" }),
     progress: el("p", { class: "progress", "aria-live": "polite" }),
     chips: el("div", { class: "block-tokens", role: "group", "aria-label": "Tokens: click one to follow it" }),
-    anatomy: el("div", { class: "anatomy" }),
-    gqa: el("div", { class: "gqa" }),
-    gqaNote: el("p", { class: "note" }),
-    numLayers: stat("Blocks", { key: "num_layers", note: "in the stack" }),
-    embeddingNorm: stat("Start", { key: "embedding_norm", note: "norm of the token's embedding" }),
-    finalNorm: stat("End", { key: "final_residual_norm", note: "after the last block" }),
-    maxEntropy: stat("Widest attention", { key: "max_entropy_layer", note: "block with the highest mean entropy" }),
     stack: el("div", { class: "stack", role: "table", "aria-label": "Per-block figures for the followed token" }),
-    stackNote: el("p", { class: "note" }),
-    chart: el("div", { class: "chart block-heatmap" }),
-    chartNote: el("p", { class: "note" }),
+    ...viewOf(VIEW),
   };
   const v = view;
   describeChart(v.chart, "Every block × every token", v.chartNote);
@@ -250,11 +250,5 @@ export function mount(root, ctx) {
     view.gqa.replaceChildren(drawGqa(view, hello));
     return run();
   });
-  return () => {
-    onText.cancel();
-    job.stop();
-    offStatus();
-    purge(view.chart);
-    root.replaceChildren();
-  };
+  return teardown(root, [onText.cancel, job.stop, offStatus], [view.chart]);
 }

@@ -3,20 +3,17 @@
 // why it stopped, and the request's path through the engine, step by step.
 
 import { describeChart, el, scrollBox, setDisabled, setState, svg } from "../lib/dom.js";
-import { figure, stat } from "../lib/figures.js";
+import { figure, view as viewOf } from "../lib/figures.js";
 import { fmtMs, weightFormat } from "../lib/format.js";
 import { tokenChips } from "../lib/tokens.js";
 import { announce } from "../lib/events.js";
 import { jobRunner } from "../lib/job.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const SUGGESTION = "What is the capital of France?";
-const KINDS = [
-  ["content", "message text"],
-  ["wrapper", "role wrapper"],
-  ["inserted", "added by the template"],
-  ["special", "special token"],
-  ["generation_prompt", "assistant prompt"],
-];
+// The template view's legend: a chip of each kind of token (its classes after "tok-"), named.
+const KINDS = [["content", "message text"], ["wrapper", "role wrapper"], ["inserted", "added by the template"],
+  ["special", "special token"], ["generation_prompt", "assistant prompt"], ["content cached", "from the prefix cache"]];
 
 // Options from the URL (docs/widgets.md): the message waiting in the box, and sampling settings.
 const OPTIONS = {
@@ -24,6 +21,11 @@ const OPTIONS = {
   temperature: { type: "string", default: "0", choices: ["0", "0.3", "0.7", "1"] },
   max_tokens: { type: "int", default: null, min: 1 },
   seed: { type: "int", default: null, min: 0 },
+};
+
+const TILES = {  // name: a stat tile [label, figure key, note]
+  ttft: ["TTFT", "ttft_ms", "arrival at the engine to first token"], tpot: ["TPOT", "tpot_ms", "mean time per later token"],
+  generated: ["Tokens out", "completion_tokens", "generated so far"], queued: ["Queued", "queue_ms", "waiting for a step"],
 };
 
 function build(opts) {
@@ -39,10 +41,7 @@ function build(opts) {
     maxTokens: el("input", { type: "number", min: "1", "aria-label": "Max tokens" }),
     seed: el("input", { type: "number", min: "0", placeholder: "none", "aria-label": "Seed" }),
     newChat: el("button", { type: "button", text: "New chat" }),
-    ttft: stat("TTFT", { key: "ttft_ms", note: "arrival at the engine to first token" }),
-    tpot: stat("TPOT", { key: "tpot_ms", note: "mean time per later token" }),
-    generated: stat("Tokens out", { key: "completion_tokens", note: "generated so far" }),
-    queued: stat("Queued", { key: "queue_ms", note: "waiting for a step" }),
+    ...viewOf(TILES),
     finish: el("p", { class: "finish muted", text: "No answer yet." }),
     served: el("p", { class: "served muted" }),
     ctxFill: el("div", { class: "ctx-fill", style: "width:0%" }),
@@ -56,10 +55,7 @@ function build(opts) {
   v.temperature.value = opts.temperature;
   if (opts.seed !== null) v.seed.value = String(opts.seed);
   v.form = el("form", { class: "chat-form" }, [v.input, v.sendButton, v.stopButton]);
-  const legend = el("div", { class: "legend" }, [
-    ...KINDS.map(([kind, label]) => el("span", {}, [el("span", { class: `tok tok-${kind}`, text: label })])),
-    el("span", {}, [el("span", { class: "tok tok-content cached", text: "from the prefix cache" })]),
-  ]);
+  const legend = el("div", { class: "legend" }, KINDS.map(([kind, label]) => el("span", {}, [el("span", { class: `tok tok-${kind}`, text: label })])));
   const settings = el("div", { class: "chat-settings" }, [
     el("label", {}, ["temperature", v.temperature]), el("label", {}, ["max tokens", v.maxTokens]), el("label", {}, ["seed", v.seed]), v.newChat,
   ]);
@@ -313,21 +309,13 @@ function start(w, hello, opts) {
 }
 
 export function mount(root, ctx) {
-  const opts = ctx.readOptions(OPTIONS).values;
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const w = { root, ctx, view, state: { messages: [], current: null, template: null, previewTimer: null }, job: jobRunner(root, { client: ctx.client }) };
   listen(w);
   const timeout = setTimeout(() => {
     if (root.dataset.state !== "ready") setState(root, "error", "Cannot reach the sendlens server.");
   }, 20000);
   const offStatus = ctx.connected((hello) => start(w, hello, opts).then(() => { if (root.dataset.state === "ready") clearTimeout(timeout); }));
-  return () => {
-    clearTimeout(timeout);
-    clearTimeout(w.state.previewTimer);
-    w.job.stop();
-    w.state.current?.abort();
-    offStatus();
-    root.replaceChildren();
-  };
+  return teardown(root, [() => clearTimeout(timeout), () => clearTimeout(w.state.previewTimer), w.job.stop,
+    () => w.state.current?.abort(), offStatus]);
 }

@@ -4,11 +4,12 @@
 // way (cosine over the whole table). Click a neighbour to look it up in turn.
 
 import { describeChart, el, scrollBox, svg } from "../lib/dom.js";
-import { figure, stat } from "../lib/figures.js";
+import { figure, view as viewOf } from "../lib/figures.js";
 import { fmtNum, visibleWhitespace as visible } from "../lib/format.js";
-import { escapeLabel, plot, purge } from "../lib/chart.js";
+import { escapeLabel, plot } from "../lib/chart.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TOKEN = " cat";
 
@@ -26,6 +27,12 @@ function shown(tok) {
   return visible(tok.text);
 }
 
+const VIEW = {  // name: a stat tile [label, figure key, note] or an element "tag.class"
+  picked: "p.note.picked", diagram: "div.lookup", strip: "div.chart.strip", stripNote: "p.note.strip-note",
+  tokenId: ["Token ID", "token_id", "= its row number"], rowNorm: ["Row length", "row_norm", "L2 norm of the row"],
+  topCos: ["Top cosine", "top_cosine", "nearest other row"], listNote: "p.note",
+};
+
 function build(opts) {
   const fieldOf = (label, control) => el("label", { class: "field" }, [el("span", { class: "field-label", text: label }), control]);
   const view = {
@@ -33,15 +40,8 @@ function build(opts) {
     idInput: el("input", { type: "number", min: "0", step: "1", "aria-label": "Token ID", name: "token_id" }),
     kSelect: el("select", { "aria-label": "Neighbours" }, OPTIONS.k.choices.map((v) => el("option", { value: String(v), text: String(v) }))),
     progress: el("p", { class: "progress", "aria-live": "polite" }),
-    picked: el("p", { class: "note picked" }),
-    diagram: el("div", { class: "lookup" }),
-    strip: el("div", { class: "chart strip" }),
-    stripNote: el("p", { class: "note strip-note" }),
-    tokenId: stat("Token ID", { key: "token_id", note: "= its row number" }),
-    rowNorm: stat("Row length", { key: "row_norm", note: "L2 norm of the row" }),
-    topCos: stat("Top cosine", { key: "top_cosine", note: "nearest other row" }),
+    ...viewOf(VIEW),
     list: scrollBox(el("ol", { class: "neighbours" }), "Nearest rows by cosine"),
-    listNote: el("p", { class: "note" }),
   };
   view.wordInput.value = opts.token_id === null ? opts.token : "";
   if (opts.token_id !== null) view.idInput.value = String(opts.token_id);
@@ -151,9 +151,7 @@ export function renderLookup(view, { r, what, spaced }, onPick) {
 }
 
 export function mount(root, ctx) {
-  const opts = ctx.readOptions(OPTIONS).values;
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const job = jobRunner(root, { client: ctx.client, progress: view.progress });
   let current = null;
 
@@ -197,10 +195,5 @@ export function mount(root, ctx) {
     view.idInput.max = String(hello.vocab_size - 1);
     return lookUp(opts.token_id !== null && opts.token_id < hello.vocab_size ? { token_id: opts.token_id } : { text: opts.token || DEFAULT_TOKEN });
   });
-  return () => {
-    job.stop();
-    offStatus();
-    purge(view.strip);
-    root.replaceChildren();
-  };
+  return teardown(root, [job.stop, offStatus], [view.strip]);
 }

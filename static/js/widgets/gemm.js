@@ -39,8 +39,8 @@ function build(opts) {
   v.nodes = [
     el("div", { class: "controls" }, [field("weights", v.format), field("up to", v.maxRows), v.again]),
     v.progress,
-    el("div", { class: "gemm-machine" }, [v.threads.node, v.machineLine]),
-    el("div", { class: "gemm-grid" }, [
+    el("div", { class: "gemm-machine machine-line" }, [v.threads.node, v.machineLine]),
+    el("div", { class: "gemm-grid two-up" }, [
       figure("Time per row: one weight read serves every row", ["measured"], [v.rowChart, el("div", { class: "stats" }, [v.speedup.node]), v.rowNote]),
       figure("Roofline of this machine", ["measured", "computed"], [v.roofChart, el("div", { class: "stats" }, [v.peak.node, v.bandwidth.node, v.kneeRows.node]), v.roofNote]),
     ]),

@@ -8,12 +8,13 @@
 // A candidate can be taken instead of the sampler's choice: click its bar, or its button below the
 // chart (the keyboard's way in).
 
-import { plot, purge, escapeLabel } from "../lib/chart.js";
+import { plot, escapeLabel } from "../lib/chart.js";
 import { debounce, describeChart, el, field, scrollBox, setDisabled, setState } from "../lib/dom.js";
-import { figure, stat, stats } from "../lib/figures.js";
+import { figure, stats, view as viewOf } from "../lib/figures.js";
 import { fmtMs, fmtNum, fmtPct, visibleWhitespace, weightFormat } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { mountView, teardown } from "../lib/lifecycle.js";
 
 const KV_CELL_LIMIT = 640;   // longer sequences: the KV strip shows blocks, not token cells
 
@@ -48,6 +49,13 @@ export function reshape(candidates, temperature, topK, topP) {
 const chipText = (text) => visibleWhitespace(text) || "∅";
 const withOutput = (label, output) => { label.append(output); return label; };  // a slider and its value wrap together
 
+const TILES = {  // name: a stat tile [label, figure key, note, badge]
+  kv: ["KV cache", "kv_cache_tokens", "tokens with keys and values"], cached: ["From cache", "num_cached_tokens", "prefix cache, this step"],
+  computed: ["Computed", "num_computed_tokens", "by the model, this step"], topProb: ["Top prob", "top_prob", "most likely token"],
+  chosenProb: ["Chosen prob", "chosen_prob", "of the picked token"], tail: ["Tail", "tail_prob", "beyond the shown tokens"],
+  ms: ["Step", "step_ms", "in the engine", "measured"],
+};
+
 function build(opts) {
   const input = (attrs, value) => { const node = el("input", attrs); node.value = String(value); return node; };
   const view = {
@@ -63,15 +71,7 @@ function build(opts) {
     seed: el("input", { type: "number", min: "0", placeholder: "none", name: "seed", "aria-label": "Seed" }),
     top: el("select", { name: "top", "aria-label": "Candidates shown" }, [5, 10, 15, 20].map((n) => el("option", { value: String(n), text: String(n) }))),
     status: el("p", { class: "gen-status", "aria-live": "polite" }),
-    tiles: {
-      kv: stat("KV cache", { key: "kv_cache_tokens", note: "tokens with keys and values" }),
-      cached: stat("From cache", { key: "num_cached_tokens", note: "prefix cache, this step" }),
-      computed: stat("Computed", { key: "num_computed_tokens", note: "by the model, this step" }),
-      topProb: stat("Top prob", { key: "top_prob", note: "most likely token" }),
-      chosenProb: stat("Chosen prob", { key: "chosen_prob", note: "of the picked token" }),
-      tail: stat("Tail", { key: "tail_prob", note: "beyond the shown tokens" }),
-      ms: stat("Step", { key: "step_ms", note: "in the engine", badge: "measured" }),
-    },
+    tiles: viewOf(TILES),
     phase: el("span", { class: "gen-phase", "data-phase": "" }),
     sequence: scrollBox(el("div", { class: "tokens gen-sequence" }), "Prompt and generated tokens"),
     kvStrip: el("div", { class: "gen-kv" }),
@@ -326,9 +326,7 @@ function listen(w) {
 }
 
 export function mount(root, ctx) {
-  const { values: opts } = ctx.readOptions(OPTIONS);
-  const view = build(opts);
-  root.append(...view.nodes);
+  const { opts, view } = mountView(root, ctx, OPTIONS, build);
   const w = {
     root, ctx, view,
     state: { hello: null, tokens: [], texts: [], last: null, busy: false, ended: false, clickBound: false, seq: 0 },
@@ -340,11 +338,5 @@ export function mount(root, ctx) {
     w.state.hello = hello;
     return reset(w);
   });
-  return () => {
-    unlisten();
-    w.job.stop();
-    offStatus();
-    purge(view.chartNode);
-    root.replaceChildren();
-  };
+  return teardown(root, [unlisten, w.job.stop, offStatus], [view.chartNode]);
 }

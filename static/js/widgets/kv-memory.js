@@ -8,6 +8,7 @@ import { figure, stat } from "../lib/figures.js";
 import { fmtBytes, fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { DTYPES, PRESETS, valuesPerToken } from "../lib/kv-shapes.js";
+import { teardown } from "../lib/lifecycle.js";
 
 // The presets and the formula live in lib/kv-shapes.js; these names stay for embeds and widgets
 // that imported them from here before.
@@ -144,11 +145,7 @@ export function mount(root, ctx) {
 
   render();
   const offStatus = ctx.connected(() => job.run({ type: "kv_pool" }, { render: (pool) => { state.pool = pool; renderLive(view, pool); } }));
-  return () => {
-    job.stop();
-    offStatus();
-    root.replaceChildren();
-  };
+  return teardown(root, [job.stop, offStatus]);
 }
 
 function clampInt(text, lo, hi, fallback) {

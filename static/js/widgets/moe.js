@@ -6,10 +6,11 @@
 // quality; the last figure runs the layer with its experts in worker processes (all-to-all).
 
 import { describeChart, el, field, select, setDisabled, svg } from "../lib/dom.js";
-import { plot, purge } from "../lib/chart.js";
-import { figure, stat } from "../lib/figures.js";
+import { plot } from "../lib/chart.js";
+import { figure, view as viewOf } from "../lib/figures.js";
 import { fmtMs, fmtNum, visibleWhitespace } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXTS = [
   "The cat sat on the mat and watched the rain run down the window.",
@@ -31,6 +32,15 @@ const labelled = (node, cls) => { node.classList.add(cls); return node; };
 const plural = (n, word) => `${fmtNum(n)} ${word}${n === 1 ? "" : "s"}`;
 const color = (e, n) => `hsl(${Math.round((360 * e) / n)}, 62%, 42%)`;
 
+const VIEW = {  // name: a stat tile [label, figure key, note, badge] or an element "tag.class"
+  experts: ["Experts per layer", "experts", null, "live"], topKStat: ["Experts per token", "top_k", "the router's top-k", "live"],
+  tokens: ["Tokens in the batch", "batch_tokens", null, "live"], pplDense: ["Perplexity, dense", "perplexity_dense", "held-out text", "computed"],
+  pplTopK: ["Perplexity, MoE", "perplexity_topk", null, "computed"], alltoall: ["All-to-all per layer", "alltoall_ms", "dispatch + return", "measured"],
+  routingNote: "p.note", loadChart: "div.chart.moe-load", loadNote: "p.note", splitChart: "div.chart.moe-split",
+  splitNote: "p.note", pplTable: "div.moe-ppl", pplNote: "p.note", sentTable: "div.moe-sent", phaseTable: "div.moe-phases",
+  epNote: "p.note", machineLine: "p.note.machine",
+};
+
 function build(opts) {
   const view = {
     texts: el("textarea", { name: "texts", rows: 4, class: "text-input moe-texts", "aria-label": "Texts of the batch, one per line" }),
@@ -40,24 +50,8 @@ function build(opts) {
     go: el("button", { type: "button", class: "primary", text: "Route the batch" }),
     again: el("button", { type: "button", text: "Time the exchange again" }),
     progress: el("p", { class: "progress", "aria-live": "polite" }),
-    experts: stat("Experts per layer", { key: "experts", badge: "live" }),
-    topKStat: stat("Experts per token", { key: "top_k", badge: "live", note: "the router's top-k" }),
-    tokens: stat("Tokens in the batch", { key: "batch_tokens", badge: "live" }),
-    pplDense: stat("Perplexity, dense", { key: "perplexity_dense", badge: "computed", note: "held-out text" }),
-    pplTopK: stat("Perplexity, MoE", { key: "perplexity_topk", badge: "computed" }),
-    alltoall: stat("All-to-all per layer", { key: "alltoall_ms", badge: "measured", note: "dispatch + return" }),
     routing: el("div", { class: "moe-routing", role: "img" }),
-    routingNote: el("p", { class: "note" }),
-    loadChart: el("div", { class: "chart moe-load" }),
-    loadNote: el("p", { class: "note" }),
-    splitChart: el("div", { class: "chart moe-split" }),
-    splitNote: el("p", { class: "note" }),
-    pplTable: el("div", { class: "moe-ppl" }),
-    pplNote: el("p", { class: "note" }),
-    sentTable: el("div", { class: "moe-sent" }),
-    phaseTable: el("div", { class: "moe-phases" }),
-    epNote: el("p", { class: "note" }),
-    machineLine: el("p", { class: "note machine" }),
+    ...viewOf(VIEW),
   };
   const v = view;
   v.texts.value = opts.texts;
@@ -260,11 +254,5 @@ export function mount(root, ctx) {
     setLayers(view.layerSel, hello.num_layers);
     return update(!state.routed);
   });
-  return () => {
-    job.stop();
-    offStatus();
-    purge(view.loadChart);
-    purge(view.splitChart);
-    root.replaceChildren();
-  };
+  return teardown(root, [job.stop, offStatus], [view.loadChart, view.splitChart]);
 }

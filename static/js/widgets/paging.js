@@ -6,9 +6,10 @@
 // hundred thousand elements.
 
 import { describeChart, el, scrollBox, setDisabled } from "../lib/dom.js";
-import { figure, stat } from "../lib/figures.js";
+import { figure, view as viewOf } from "../lib/figures.js";
 import { fmtNum, fmtPct } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const POLL_MS = 500;
 const OPTIONS = {
@@ -21,15 +22,16 @@ const COLORS = ["#2f5fd0", "#1d7a4f", "#8a3f8f", "#9a5b00", "#4b55a8", "#b03060"
 const KIND_COLORS = { free: "#eceae4", cached: "#cfe8d9", shared: "#d0702f" };
 const POOL_MAX_HEIGHT = 256;   // px: a larger pool gets smaller cells, then several blocks a pixel
 
+const TILES = {  // name: a stat tile [label, figure key, note]
+  free: ["Free", "free_blocks", "blocks no request holds"], total: ["Pool", "total_blocks", "blocks in all"],
+  shared: ["Shared", "shared_blocks", "blocks held by 2+ requests"], cachedFree: ["Cached, free", "cached_free_blocks", "free, prefix kept for reuse"],
+  naive: ["Contiguous waste", "naive_waste_fraction", "max-length buffers, same requests"],
+  paged: ["Paged waste", "paged_waste_fraction", "empty slots in held blocks"],
+};
 
 function build(demo) {
   const view = {
-    free: stat("Free", { key: "free_blocks", note: "blocks no request holds" }),
-    total: stat("Pool", { key: "total_blocks", note: "blocks in all" }),
-    shared: stat("Shared", { key: "shared_blocks", note: "blocks held by 2+ requests" }),
-    cachedFree: stat("Cached, free", { key: "cached_free_blocks", note: "free, prefix kept for reuse" }),
-    naive: stat("Contiguous waste", { key: "naive_waste_fraction", note: "max-length buffers, same requests" }),
-    paged: stat("Paged waste", { key: "paged_waste_fraction", note: "empty slots in held blocks" }),
+    ...viewOf(TILES),
     button: el("button", { type: "button", class: "pg-demo", text: `Start ${demo} requests sharing a system prompt` }),
     demoNote: el("span", { class: "note pg-demo-note", "aria-live": "polite" }),
     canvas: el("canvas", { class: "pg-pool-canvas", style: { display: "block", maxWidth: "100%" } }),
@@ -253,12 +255,5 @@ export function mount(root, ctx) {
   });
 
   const offStatus = ctx.connected(() => polling.poll());
-  return () => {
-    alive = false;
-    job.stop();
-    polling.stop();
-    offStatus();
-    handles.forEach((h) => h.abort());
-    root.replaceChildren();
-  };
+  return teardown(root, [() => { alive = false; }, job.stop, polling.stop, offStatus, () => handles.forEach((h) => h.abort())]);
 }

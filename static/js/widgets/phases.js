@@ -63,8 +63,8 @@ function layout(v) {
   return [
     el("div", { class: "controls" }, [field("longest prompt", v.maxPrompt), field("decode steps", v.decodeTokens), v.again]),
     v.progress,
-    el("div", { class: "phases-machine" }, [v.threads.node, v.machineLine]),
-    el("div", { class: "phases-grid" }, [
+    el("div", { class: "phases-machine machine-line" }, [v.threads.node, v.machineLine]),
+    el("div", { class: "phases-grid two-up" }, [
       figure("Prefill: time against prompt length", ["measured"], [v.prefillChart, el("div", { class: "stats" }, [v.prefillRate.node]), v.prefillNote]),
       figure("Decode: each step as the context grows", ["measured"], [v.decodeChart, el("div", { class: "stats" }, [v.decodeStep.node]), v.decodeNote]),
     ]),

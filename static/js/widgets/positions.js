@@ -5,11 +5,12 @@
 // far apart they are: the same two vectors placed at many absolute positions, scored.
 
 import { debounce, describeChart, el, field, keepFocus, select, svg } from "../lib/dom.js";
-import { figure, stat } from "../lib/figures.js";
-import { plot, purge } from "../lib/chart.js";
+import { figure, view as viewOf } from "../lib/figures.js";
+import { plot } from "../lib/chart.js";
 import { fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "The cat sat on the mat because it was tired after the long walk.";
 
@@ -24,6 +25,14 @@ const OPTIONS = {
 
 const COLORS = { before: "#9aa0a8", near: "#2f5fd0", far: "#d0702f" };
 
+const VIEW = {  // name: a stat tile [label, figure key, note] or an element "tag.class"
+  theta: ["theta", "theta", "RoPE base"], realOffset: ["Offset", "real_offset", "query − key positions"],
+  realScore: ["Score", "real_score", "q·k/√D at their real places"], clocks: "div.clocks", legend: "div.rope-legend",
+  maxSpread: ["Max spread", "max_spread", "across positions, same offset"], maxSpreadRel: ["Relative", "max_spread_rel", "spread ÷ largest |score|"],
+  offsetRange: ["Offsets vary", "offset_range", "range of scores over offsets"], table: "div.rope-table-wrap",
+  chart: "div.chart.rope-chart", tableNote: "p.note",
+};
+
 function build(text) {
   const input = el("textarea", { class: "text-input", rows: 2, "aria-label": "Text", name: "text" });
   input.value = text;
@@ -32,17 +41,7 @@ function build(text) {
     selects: el("div", { class: "controls" }, [el("span"), el("span"), el("span"), el("span")]),
     progress: el("p", { class: "progress", "aria-live": "polite" }),
     chips: el("div", { class: "rope-tokens", role: "group", "aria-label": "Tokens: the query and the key are marked" }),
-    theta: stat("theta", { key: "theta", note: "RoPE base" }),
-    realOffset: stat("Offset", { key: "real_offset", note: "query − key positions" }),
-    realScore: stat("Score", { key: "real_score", note: "q·k/√D at their real places" }),
-    clocks: el("div", { class: "clocks" }),
-    legend: el("div", { class: "rope-legend" }),
-    maxSpread: stat("Max spread", { key: "max_spread", note: "across positions, same offset" }),
-    maxSpreadRel: stat("Relative", { key: "max_spread_rel", note: "spread ÷ largest |score|" }),
-    offsetRange: stat("Offsets vary", { key: "offset_range", note: "range of scores over offsets" }),
-    table: el("div", { class: "rope-table-wrap" }),
-    chart: el("div", { class: "chart rope-chart" }),
-    tableNote: el("p", { class: "note" }),
+    ...viewOf(VIEW),
   };
   const v = view;
   describeChart(v.chart, "Score against offset, one line per absolute position", v.tableNote);
@@ -217,11 +216,5 @@ export function mount(root, ctx) {
     if (state.head >= hello.num_heads) state.head = 0;
     return run();
   });
-  return () => {
-    onText.cancel();
-    job.stop();
-    offStatus();
-    purge(view.chart);
-    root.replaceChildren();
-  };
+  return teardown(root, [onText.cancel, job.stop, offStatus], [view.chart]);
 }

@@ -7,6 +7,7 @@ import { figure, stat } from "../lib/figures.js";
 import { fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
 import { tokenChips } from "../lib/tokens.js";
+import { teardown } from "../lib/lifecycle.js";
 
 const DEFAULT_TEXT = "Tokenizers don't cut at spaces: unbelievably, 1234567 and naïve café 😀 too.\n<|im_start|>user";
 const MAX_CHIPS = 3000;   // beyond this the page would crawl; the counts stay exact
@@ -142,10 +143,5 @@ export function mount(root, ctx) {
     maxBytes = hello.limits.max_message_bytes;
     return tokenize();
   });
-  return () => {
-    job.stop();
-    changed.cancel();
-    offStatus();
-    root.replaceChildren();
-  };
+  return teardown(root, [job.stop, changed.cancel, offStatus]);
 }
