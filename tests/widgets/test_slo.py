@@ -152,7 +152,7 @@ def test_slo_job_on_the_tiny_model(ws):
 
 
 @pytest.mark.real_model
-def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference, smollm_served):
+def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference, smollm_served, logit_bounds):
     """Batched and queued as the scheduler pleased, each request gets the greedy tokens it gets
     alone in the same weight format (batch invariance), and those are transformers' greedy tokens
     wherever transformers' choice is clear by more than the format's logit bound."""
@@ -161,7 +161,10 @@ def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference,
     hf_model, _ = hf_reference
     fmt = real_ws.hello["weight_format"]
     assert fmt == smollm_served.engine.config.weight_format.value
-    bound = {"fp32": 1e-3, "bf16": 0.5, "q4_1": 0.5}[fmt]       # tests/test_parity.py's LOGIT_BOUND
+    from core.model.linear import q4_kernel_isa
+    # |engine logit - transformers'| per format, derived against float64 (tests/bounds.py: LogitBounds,
+    # the bound test_parity checks); a choice is clear when the lead exceeds twice it
+    bound = logit_bounds.bound(fmt, q4_kernel_isa())
     inputs = {"rate": 8.0, "requests": 6, "seed": 2, "batch_limits": [4], "max_waiting": 2,
               "ttft_ms": 2000.0, "tpot_ms": 500.0, "run": 1}
     r = real_ws.job("slo", timeout=180, **inputs)
