@@ -107,13 +107,14 @@ def llama_logits_f64(model, ids: list[int]) -> torch.Tensor:
     return llama_f64(model, ids)[1]
 
 
-def llama_f64(model, ids: list[int], product=None) -> tuple[torch.Tensor, torch.Tensor]:
+def llama_f64(model, ids: list[int], product=None, taps: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The last block's residual stream (T, C) and the logits (T, V) of core.model.model.Transformer's function on one sequence, in float64: the same
     fp32 weights and the same constants (its RoPE tables, as fp32 values), with every operation in
     float64 (unit roundoff 2^-53, so within ~1e-12 relative of exact for this depth). A reference
     for fp32 computations of the same model, written out here so it shares no code with core/.
     `product` (x, w) -> x @ w.T, both float64, replaces the blocks' linear layers (not the LM head):
-    format_product's, to make a weight format's roundings and nothing else."""
+    format_product's, to make a weight format's roundings and nothing else. `taps`, if given, gets
+    each layer's qkv projection (T, (H + 2 Hkv) D), before RoPE, under the layer's index."""
     def lin(x, w):
         return x @ w.T if product is None else product(x, w)
 
@@ -135,6 +136,8 @@ def llama_f64(model, ids: list[int], product=None) -> tuple[torch.Tensor, torch.
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         qkv = lin(norm(x, sd[p + "attn_norm.weight"]), sd[p + "attn.qkv_proj.weight"])
+        if taps is not None:
+            taps[i] = qkv
         q = rotate(qkv[:, :H * D].view(T, H, D))
         k = rotate(qkv[:, H * D:(H + Hkv) * D].view(T, Hkv, D))
         v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)
@@ -305,3 +308,12 @@ class LogitBounds:
         if fmt == "fp32":
             return self.fp32_pair
         return FORMAT_ERROR_RATIO * self.emulation_error(fmt, isa if fmt == "q4_1" else "") + self.fp32_pair
+
+
+def rope_table_error(position: int) -> float:
+    """Bound on |fp32 RoPE table entry - exact cos or sin of position * theta^(-2i/D)| for the
+    tables core.model.model.Rotary and transformers build alike, with D a power of two: 2i/D exact,
+    theta^(2i/D) in fp32 within 2 ulps, its reciprocal and the product with the position rounded
+    once each (5u relative on the angle, so 5u * position absolute, the frequency being <= 1), and
+    cos or sin of that fp32 angle within 2 ulps of its value (2u absolute, |cos| <= 1)."""
+    return 5 * U32 * position + 2 * U32
