@@ -114,7 +114,9 @@ def llama_f64(model, ids: list[int], product=None, taps: dict | None = None) -> 
     for fp32 computations of the same model, written out here so it shares no code with core/.
     `product` (x, w) -> x @ w.T, both float64, replaces the blocks' linear layers (not the LM head):
     format_product's, to make a weight format's roundings and nothing else. `taps`, if given, gets
-    each layer's qkv projection (T, (H + 2 Hkv) D), before RoPE, under the layer's index."""
+    each layer i's qkv projection (T, (H + 2 Hkv) D), before RoPE, under i; its attention weights
+    (H, T, T) under ("probs", i), its MLP's output (T, C) under ("mlp", i) and the residual stream
+    after it (T, C) under ("residual", i)."""
     def lin(x, w):
         return x @ w.T if product is None else product(x, w)
 
@@ -147,7 +149,10 @@ def llama_f64(model, ids: list[int], product=None, taps: dict | None = None) -> 
         y = torch.einsum("hqk,khd->qhd", probs, v).reshape(T, H * D)
         x = x + lin(y, sd[p + "attn.o_proj.weight"])
         gate, up = lin(norm(x, sd[p + "mlp_norm.weight"]), sd[p + "mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
-        x = x + lin(torch.nn.functional.silu(gate) * up, sd[p + "mlp.down_proj.weight"])
+        mlp = lin(torch.nn.functional.silu(gate) * up, sd[p + "mlp.down_proj.weight"])
+        x = x + mlp
+        if taps is not None:
+            taps[("probs", i)], taps[("mlp", i)], taps[("residual", i)] = probs, mlp, x
     return x, norm(x, sd["norm.weight"]) @ sd["embed_tokens.weight"].T
 
 
