@@ -69,7 +69,7 @@ def test_clock_angles_follow_the_formula(ws):
             # squares, within gamma_3; doubled for second order
             assert math.hypot(*h["vector"]) == pytest.approx(
                 hand["length"], rel=2 * (4 * U32 + math.sqrt(2) * gamma(2) + gamma(3)), abs=0)
-            if hand["length"] > 1e-3:
+            if hand["length"] > 1e-3:      # a hand long enough to read an angle off (not a tolerance)
                 miss = math.remainder(h["measured"] - h["angle"], 2 * math.pi)
                 # the table's angle is off by rope_table_error(position) (its cos and sin too), the
                 # rotation moves the hand by sqrt(2) gamma_2 of its length, radians at unit length;
