@@ -70,9 +70,28 @@ def independent_routing(loaded, texts: list[str], k: int):
     return [torch.cat(x) for x in logits], ids, model
 
 
+def sliced_router_logits(model, ids: list[list[int]]) -> list[torch.Tensor]:
+    """Each layer's router logits (T, E) computed as the widget computes them: the model's blocks
+    run slice by slice by core/inspect/probes.py, one text at a time."""
+    from core.inspect import probes
+    logits = [[] for _ in model.layers]
+    hooks = [b.mlp.router.register_forward_hook(lambda m, a, out, i=i: logits[i].append(out))
+             for i, b in enumerate(model.layers)]
+    try:
+        with torch.inference_mode():
+            for seq in ids:
+                for _ in probes.slices(model, seq):
+                    pass
+    finally:
+        for h in hooks:
+            h.remove()
+    return [torch.cat(x) for x in logits]
+
+
 def check_routing(r, loaded, texts, k):
     from core.model.moe import route
-    logits, ids, _ = independent_routing(loaded, texts, k)
+    logits, ids, model = independent_routing(loaded, texts, k)
+    sliced = sliced_router_logits(model, ids)
     T = sum(map(len, ids))
     assert r["batch_tokens"] == T and r["texts"] == len(texts) and r["top_k"] == k
     assert r["experts"] == 16 and r["num_layers"] == loaded.config.num_layers
@@ -81,12 +100,12 @@ def check_routing(r, loaded, texts, k):
         chosen = route(logits[i], k)                                          # (T, k)
         assert layer["load"] == torch.bincount(chosen.reshape(-1), minlength=16).tolist()
         assert layer["first"] == chosen[:12].tolist()
-        # the widget runs the same modules on the same rows (core/inspect/probes.py runs the model's
-        # own blocks; the products are batch-invariant), so the same router logits bit for bit (its
-        # `first` and `load` are route() of them, above) and the same fp32 softmax: only the reply's
-        # rounding to 4 places remains, half a unit (and the double nearest that decimal)
+        # the widget's probabilities: the same derived weights through the same sliced path
+        # (sliced_router_logits) give the same router logits bit for bit, and the same fp32 softmax,
+        # so only the reply's rounding to 4 places remains: half a unit (and the double nearest that
+        # decimal). The choices above come from whole forward passes, independently.
         half = 0.5e-4 * (1 + 2.0 ** -40)
-        probs = logits[i][:12].softmax(-1).gather(1, chosen[:12]).double()
+        probs = sliced[i][:12].softmax(-1).gather(1, chosen[:12]).double()
         assert ((torch.tensor(layer["first_probs"], dtype=torch.float64) - probs).abs() <= half).all()
         split = layer["split"]
         assert split["sizes"][-1] == T and split["sizes"][0] == 1
