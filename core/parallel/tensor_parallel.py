@@ -210,9 +210,9 @@ def tp_worker(rank: int, world_size: int, model_name: str, ids: list[int], setti
     out = {"rank": rank, "pid": os.getpid(), "threads": torch.get_num_threads()}
     reference = None
     if rank == 0 and settings.check:                 # the whole model in one process, before sharding
+        exact = float64_logits(loaded.config, loaded.state_dict, ids) if settings.float64 else None
         with torch.inference_mode():
             reference = model.score(ids)             # (T, V)
-            exact = float64_logits(loaded.config, loaded.state_dict, ids) if settings.float64 else None
             out["reference_tokens"] = greedy(lambda x: model.forward(x, torch.arange(len(x))), model.logits,
                                              ids, settings.new_tokens, broadcast=False)
     shards = ShardedBlocks(model, world_size, rank)
