@@ -283,8 +283,9 @@ class LogitBounds:
     - fp32: each implementation is within OTHER_KERNELS_ERROR_RATIO times our fp32 model's error
       plus 4 ulps of the logit scale (`fp32_each`); the two, within twice that (`fp32_pair`).
     - bf16, q4_1: the engine's error is its format's roundings, at most FORMAT_ERROR_RATIO times
-      those of format_product's float64 emulation (its largest error against `exact` over all T x V
-      logits), plus its fp32 arithmetic's (`fp32_each`, the same operations as the fp32 model's);
+      those of format_product's float64 emulation (its largest error against `exact` over the
+      logits compared: each row's `candidates` highest, the ones the engine recomputes exactly, or
+      all T x V), plus its fp32 arithmetic's (`fp32_each`, the same operations as the fp32 model's);
       transformers' is within `fp32_each`. So |engine - transformers| <= FORMAT_ERROR_RATIO *
       emulation error + fp32_pair. Two logits each within B of transformers' lead or trail by
       at most 2B more or less than there: a greedy choice can differ only where transformers'
@@ -302,17 +303,26 @@ class LogitBounds:
         self.fp32_pair = 2 * self.fp32_each
 
     @functools.cache
-    def emulation_error(self, fmt: str, isa: str) -> float:
-        """max |format_product's float64 logits - exact| over the T x V logits."""
-        emulated = llama_f64(self.model, self.ids, format_product(fmt, isa))[1]
-        return float((emulated - self.exact).abs().max())
+    def emulated(self, fmt: str, isa: str) -> torch.Tensor:
+        """format_product's float64 logits (T, V)."""
+        return llama_f64(self.model, self.ids, format_product(fmt, isa))[1]
 
-    def bound(self, fmt: str, isa: str = "") -> float:
+    def emulation_error(self, fmt: str, isa: str, candidates: int = 0) -> float:
+        """max |format_product's float64 logits - exact| over each row's `candidates` highest
+        emulated logits (0: over all T x V)."""
+        err = (self.emulated(fmt, isa) - self.exact).abs()
+        if candidates:
+            err = err.gather(-1, self.emulated(fmt, isa).topk(candidates, dim=-1).indices)
+        return float(err.max())
+
+    def bound(self, fmt: str, isa: str = "", candidates: int = 0) -> float:
         """The bound on |engine logit - transformers' fp32 logit| for weight format `fmt` (the class
-        docstring); `isa`: the Q4_1 kernel path the engine multiplies on (q4_kernel_isa())."""
+        docstring), on each row's `candidates` highest logits (0: all); `isa`: the Q4_1 kernel path
+        the engine multiplies on (q4_kernel_isa())."""
         if fmt == "fp32":
             return self.fp32_pair
-        return FORMAT_ERROR_RATIO * self.emulation_error(fmt, isa if fmt == "q4_1" else "") + self.fp32_pair
+        isa = isa if fmt == "q4_1" else ""
+        return FORMAT_ERROR_RATIO * self.emulation_error(fmt, isa, candidates) + self.fp32_pair
 
 
 def rope_table_error(position: int) -> float:

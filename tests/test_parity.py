@@ -63,12 +63,13 @@ def test_score_logits_match_transformers(smollm_loaded, reference_logits, fp32_e
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
-def format_bound(logit_bounds, fmt: str) -> float:
-    """Largest logit difference from transformers fp32 for weight format `fmt` on the engine's Q4_1
-    kernel path here, derived against float64 (tests/bounds.py: LogitBounds.bound): fp32, twice
-    k times our fp32 error plus a floor; bf16 and q4_1, k times the error of a float64 emulation
-    of the format's roundings (bfloat16 or per-group int16 activations), plus the fp32 bound."""
-    return logit_bounds.bound(fmt, q4_kernel_isa())
+def format_bound(logit_bounds, engine) -> float:
+    """Largest difference from transformers fp32 of the logits the engine recomputes exactly (each
+    row's lm_head_candidates highest), for its weight format on the Q4_1 kernel path here, derived
+    against float64 (tests/bounds.py: LogitBounds.bound): fp32, twice k times our fp32 error plus a
+    floor; bf16 and q4_1, k times the error of a float64 emulation of the format's roundings
+    (bfloat16 or per-group int16 activations) on the same candidates, plus the fp32 bound."""
+    return logit_bounds.bound(engine.config.weight_format.value, q4_kernel_isa(), engine.config.lm_head_candidates)
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16", "q4_1"])
@@ -84,7 +85,7 @@ def test_engine_logits_match_transformers(engine_llm, reference_logits, logit_bo
     engine = engine_llm.engine
     fmt = engine.config.weight_format.value
     ours = paged_logits(engine, ids)
-    bound = format_bound(logit_bounds, fmt)
+    bound = format_bound(logit_bounds, engine)
     assert ours.shape == ref.shape
     k = engine.config.lm_head_candidates
     top = ours.topk(k, dim=-1).indices                  # the exactly recomputed logits
@@ -130,7 +131,7 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, logi
         if fmt != "fp32" and out.token_ids != expected:
             first = next(i for i, (a, b) in enumerate(zip(out.token_ids, expected)) if a != b)
             near_tie = margin(gen.scores[first][0].float()).item()
-            assert near_tie < 2 * format_bound(logit_bounds, fmt), (first, near_tie, smollm.tokenizer.decode(expected))
+            assert near_tie < 2 * format_bound(logit_bounds, smollm.engine), (first, near_tie, smollm.tokenizer.decode(expected))
             continue
         assert out.token_ids == expected, smollm.tokenizer.decode(expected)
         if expected[-1] == eos:

@@ -171,7 +171,7 @@ def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference,
     from core.model.linear import q4_kernel_isa
     # |engine logit - transformers'| per format, derived against float64 (tests/bounds.py: LogitBounds,
     # the bound test_parity checks); a choice is clear when the lead exceeds twice it
-    bound = logit_bounds.bound(fmt, q4_kernel_isa())
+    bound = logit_bounds.bound(fmt, q4_kernel_isa(), smollm_served.engine.config.lm_head_candidates)
     inputs = {"rate": 8.0, "requests": 6, "seed": 2, "batch_limits": [4], "max_waiting": 2,
               "ttft_ms": 2000.0, "tpot_ms": 500.0, "run": 1}
     r = real_ws.job("slo", timeout=180, **inputs)
