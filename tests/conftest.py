@@ -119,6 +119,20 @@ def hf_reference():
     return model, tokenizer
 
 
+@pytest.fixture(scope="session")
+def logit_bounds(smollm_loaded):
+    """bounds.LogitBounds of SmolLM2 in fp32 on the first 64 tokens of bounds.REFERENCE_PROMPT:
+    `.bound(fmt, isa)` bounds |engine logit - transformers' fp32 logit| per weight format, derived
+    against float64 (tests/bounds.py), for test_parity and the widgets that compare with transformers."""
+    from bounds import REFERENCE_PROMPT, LogitBounds
+
+    from core.model.model import Transformer
+    ids = smollm_loaded.tokenizer.encode(REFERENCE_PROMPT)[:64]
+    if len(ids) != 64:
+        raise ValueError(f"REFERENCE_PROMPT: {len(ids)} tokens, want 64")
+    return LogitBounds(Transformer.from_state_dict(smollm_loaded.config, smollm_loaded.state_dict), ids)
+
+
 # ---- a live server for the websocket tests ---------------------------------------------------
 # Small limits, so each one can be reached in a test.
 LIVE_SETTINGS = {

@@ -9,15 +9,20 @@ from bench import report
 from bench.__main__ import plan, prompt, summarize
 from bench.systems import serving_metrics
 
+# A float64 formula (u = 2^-53) of at most 16 operations on the made-up results, evaluated here and
+# in bench/ in another order or form (a percentile's interpolation, a ratio of ratios): within
+# gamma_16 of each other, relative (Higham 3.1; no cancellation: every term positive)
+F64 = 16 * 2.0 ** -53 / (1 - 16 * 2.0 ** -53)
+
 
 def test_serving_metrics_follow_vllm():
     start = 10.0
     times = [[11.0, 11.5, 12.0], [12.0, 13.0]]     # two requests: 3 and 2 tokens
     m = serving_metrics(start, times)
-    assert m["output_tok_s"] == pytest.approx(5 / 3.0)
-    assert m["ttft_p50_s"] == pytest.approx(1.5)           # TTFTs 1.0 and 2.0
-    assert m["tpot_p50_s"] == pytest.approx(0.75)          # TPOTs 0.5 and 1.0
-    assert m["ttft_p99_s"] == pytest.approx(1.99)
+    assert m["output_tok_s"] == pytest.approx(5 / 3.0, rel=F64)
+    assert m["ttft_p50_s"] == pytest.approx(1.5, rel=F64)           # TTFTs 1.0 and 2.0
+    assert m["tpot_p50_s"] == pytest.approx(0.75, rel=F64)          # TPOTs 0.5 and 1.0
+    assert m["ttft_p99_s"] == pytest.approx(1.99, rel=F64)
 
 
 def test_prompts_are_the_same_for_every_system_and_differ_by_seed():
@@ -76,19 +81,19 @@ def test_targets_are_ratios_of_medians():
     data = fake_results()
     found = {t["target"]: t for t in report.targets(data)}
     decode = found["decode alone: best format vs llama.cpp Q4_1"]
-    assert decode["measured"] == pytest.approx(110 / 100) and decode["met"] is True
+    assert decode["measured"] == pytest.approx(110 / 100, rel=F64) and decode["met"] is True
     assert "ours q4_1" in decode["how"]
     fp32 = found["decode alone: fp32 vs transformers fp32"]
-    assert fp32["measured"] == pytest.approx(40 / 16) and fp32["met"] is False
+    assert fp32["measured"] == pytest.approx(40 / 16, rel=F64) and fp32["met"] is False
     batch = found["64 concurrent: best format vs transformers' best static batch"]
-    assert batch["measured"] == pytest.approx(450 / 250) and batch["met"] is False
-    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9)
+    assert batch["measured"] == pytest.approx(450 / 250, rel=F64) and batch["met"] is False
+    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9, rel=F64)
     assert found["prefill 4096: best format vs transformers bf16"]["measured"] is None
     assert "prefill 512: best format vs transformers' best here" not in found   # bf16 is its best here
     share = found["beside a busy process: ours q4_1 keeps its CPU share"]
-    assert share["measured"] == pytest.approx((85 / 110) / (2 / 3))
+    assert share["measured"] == pytest.approx((85 / 110) / (2 / 3), rel=F64)
     roof = found["decode alone vs the memory-bandwidth limit"]
-    assert roof["measured"] == pytest.approx(110 / (50e9 / 100e6))
+    assert roof["measured"] == pytest.approx(110 / (50e9 / 100e6), rel=F64)
 
 
 def test_prefill_is_also_held_against_transformers_best_where_bf16_is_slow():
@@ -98,17 +103,17 @@ def test_prefill_is_also_held_against_transformers_best_where_bf16_is_slow():
     data["results"]["prefill_512"]["transformers fp32"] = {"runs": [2000], "load": [0.5]}
     summarize(data["results"]["prefill_512"]["transformers fp32"])
     found = {t["target"]: t for t in report.targets(data)}
-    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9)
+    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9, rel=F64)
     fair = found["prefill 512: best format vs transformers' best here"]
-    assert fair["measured"] == pytest.approx(900 / 2000) and fair["how"] == "ours q4_1 / transformers fp32"
+    assert fair["measured"] == pytest.approx(900 / 2000, rel=F64) and fair["how"] == "ours q4_1 / transformers fp32"
 
 
 def test_bandwidth_shares_for_every_system_with_the_bytes_of_its_format():
     data = fake_results()
     shares = report.bandwidth_shares(data)
-    assert shares["ours q4_1"] == pytest.approx(110 * 100e6 / 50e9)
-    assert shares["llama.cpp Q4_1"] == pytest.approx(100 * 100e6 / 50e9)     # the same file's bytes
-    assert shares["transformers fp32"] == pytest.approx(16 * 538e6 / 50e9)
+    assert shares["ours q4_1"] == pytest.approx(110 * 100e6 / 50e9, rel=F64)
+    assert shares["llama.cpp Q4_1"] == pytest.approx(100 * 100e6 / 50e9, rel=F64)     # the same file's bytes
+    assert shares["transformers fp32"] == pytest.approx(16 * 538e6 / 50e9, rel=F64)
     assert "ours bf16" not in shares                   # not measured in this run
     table = report.markdown({**data, "targets": report.targets(data)})
     assert "ours q4_1 0.22x" in table and "llama.cpp Q4_1 0.20x" in table

@@ -7,18 +7,11 @@ so agreement checks our loader, our model and our engine at once.
 import pytest
 import torch
 
-from bounds import SPLIT_SUM_ERROR_RATIO, against_f64, llama_logits_f64
+from bounds import OTHER_KERNELS_ERROR_RATIO, against_f64
 from core import SamplingParams
-from core.model.model import Transformer
+from core.model.linear import q4_kernel_isa
 
 pytestmark = pytest.mark.real_model
-
-PROMPT_TEXT = (
-    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, "
-    "polished the great lens, and watched the fishing boats come home across the grey water. "
-    "Nobody in the village remembered a night when the light had failed. One winter the storm "
-    "came early, and for three days the sea threw itself against the rocks below the tower."
-)
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -27,12 +20,6 @@ CHATS = [
      {"role": "user", "content": "Why is the sky blue?"}],
     [{"role": "user", "content": "Give me three tips for learning to cook."}],
 ]
-
-
-def prompt_64(tokenizer) -> list[int]:
-    ids = tokenizer.encode(PROMPT_TEXT)[:64]
-    assert len(ids) == 64
-    return ids
 
 
 def paged_logits(engine, ids: list[int]) -> torch.Tensor:
@@ -48,34 +35,21 @@ def paged_logits(engine, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def reference_logits(hf_reference, smollm_loaded):
+def reference_logits(hf_reference, logit_bounds):
     hf_model, _ = hf_reference
-    ids = prompt_64(smollm_loaded.tokenizer)
+    ids = logit_bounds.ids                      # the first 64 tokens of bounds.REFERENCE_PROMPT
     with torch.no_grad():
         logits = hf_model(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long)).logits[0]
     assert logits.dtype == torch.float32
     return ids, logits.float()
 
 
-# transformers' fp32 is the same function with other kernels (MKL's sgemm, SDPA's softmax): dot
-# products of the same lengths, whose a-priori rounding bounds (gamma_n * sum |a b|) are the same
-# whatever the order, and the same RoPE tables (fp32 angles, one rounded product each). So its
-# error against float64 is the same kind and size as ours: at most SPLIT_SUM_ERROR_RATIO times it,
-# plus 4 ulps of the logit scale (tests/bounds.py: against_f64). Measured on the machine, with the
-# kernels it runs, so it holds on every CPU.
-OTHER_KERNELS_ERROR_RATIO = SPLIT_SUM_ERROR_RATIO
-
-
 @pytest.fixture(scope="module")
-def fp32_error(smollm_loaded, reference_logits):
+def fp32_error(logit_bounds):
     """(our score's logits, float64 logits of the same weights, the fp32 bound on any two fp32
-    implementations' difference: each within k * our error + floor of float64)."""
-    ids, _ = reference_logits
-    model = Transformer.from_state_dict(smollm_loaded.config, smollm_loaded.state_dict)
-    ours = model.score(ids)
-    exact = llama_logits_f64(model, ids)
-    _, each, _ = against_f64(ours, ours, exact, OTHER_KERNELS_ERROR_RATIO)
-    return ours, exact, 2 * each
+    implementations' difference: each within k * our error + floor of float64; tests/bounds.py's
+    LogitBounds, OTHER_KERNELS_ERROR_RATIO)."""
+    return logit_bounds.fp32, logit_bounds.exact, logit_bounds.fp32_pair
 
 
 def test_score_logits_match_transformers(smollm_loaded, reference_logits, fp32_error):
@@ -89,11 +63,13 @@ def test_score_logits_match_transformers(smollm_loaded, reference_logits, fp32_e
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
-# Largest logit difference from transformers fp32 on the 64-token prompt, per weight format, for
-# the logits recomputed exactly (each row's top candidates; fp32 computes all of them exactly).
-# fp32: derived per run (fp32_error). bf16 and q4_1 round activations to bfloat16 on the way into
-# every product: see format_bound.
-LOGIT_BOUND = {"fp32": 1e-3, "bf16": 0.5, "q4_1": 0.5}
+def format_bound(logit_bounds, engine) -> float:
+    """Largest difference from transformers fp32 of the logits the engine recomputes exactly (each
+    row's lm_head_candidates highest), for its weight format on the Q4_1 kernel path here, derived
+    against float64 (tests/bounds.py: LogitBounds.bound): fp32, twice k times our fp32 error plus a
+    floor; bf16 and q4_1, k times the error of a float64 emulation of the format's roundings
+    (bfloat16 or per-group int16 activations) on the same candidates, plus the fp32 bound."""
+    return logit_bounds.bound(engine.config.weight_format.value, q4_kernel_isa(), engine.config.lm_head_candidates)
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16", "q4_1"])
@@ -104,12 +80,12 @@ def engine_llm(request, smollm, smollm_loaded):
     return LLM("smollm2-135m", loaded=smollm_loaded, weight_format=request.param)
 
 
-def test_engine_logits_match_transformers(engine_llm, reference_logits, fp32_error):
+def test_engine_logits_match_transformers(engine_llm, reference_logits, logit_bounds):
     ids, ref = reference_logits
     engine = engine_llm.engine
     fmt = engine.config.weight_format.value
     ours = paged_logits(engine, ids)
-    bound = fp32_error[2] if fmt == "fp32" else LOGIT_BOUND[fmt]
+    bound = format_bound(logit_bounds, engine)
     assert ours.shape == ref.shape
     k = engine.config.lm_head_candidates
     top = ours.topk(k, dim=-1).indices                  # the exactly recomputed logits
@@ -117,7 +93,8 @@ def test_engine_logits_match_transformers(engine_llm, reference_logits, fp32_err
     assert diff <= bound, f"{fmt}: {diff} > {bound}"
     if fmt == "fp32":
         assert (ours - ref).abs().max().item() <= bound
-    # the same next token wherever the reference's choice is clear by more than the bound
+    # the same next token wherever the reference's choice is clear by more than twice the bound
+    # (each of two logits may move by the bound, in opposite directions)
     clear = margin(ref) > 2 * bound
     assert clear.sum() >= 16
     assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
@@ -132,10 +109,11 @@ def margin(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
-def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference):
+def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, logit_bounds):
     """fp32: every token equal. bf16 and q4_1 (rounded weights and activations) may part from the
-    reference only at a step where transformers' own two best tokens are within the format's
-    logit bound of each other, and must agree on every token before it."""
+    reference only at a step where transformers' own two best tokens are within twice the format's
+    logit bound of each other (each logit within the bound, so the lead moves by at most twice
+    it), and must agree on every token before it."""
     smollm = engine_llm
     fmt = smollm.engine.config.weight_format.value
     hf_model, _ = hf_reference
@@ -153,7 +131,7 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference):
         if fmt != "fp32" and out.token_ids != expected:
             first = next(i for i, (a, b) in enumerate(zip(out.token_ids, expected)) if a != b)
             near_tie = margin(gen.scores[first][0].float()).item()
-            assert near_tie < LOGIT_BOUND[fmt], (first, near_tie, smollm.tokenizer.decode(expected))
+            assert near_tie < 2 * format_bound(logit_bounds, smollm.engine), (first, near_tie, smollm.tokenizer.decode(expected))
             continue
         assert out.token_ids == expected, smollm.tokenizer.decode(expected)
         if expected[-1] == eos:

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from bounds import U32, gamma
 from core import SamplingParams
 from core.model.sampler import Sampler, filter_logits
 
@@ -25,6 +26,13 @@ def filt(logits, temperature=1.0, top_k=0, top_p=1.0):
 # Probabilities that are exact in binary, placed out of order so sorting matters.
 PROBS = {3: 0.5, 0: 0.25, 4: 0.125, 1: 0.0625, 2: 0.0625}
 LOGITS = one_row([math.log(PROBS[i]) for i in range(5)])
+# A probability the sampler computes in fp32 from LOGITS, against the exact one: LOGITS are log p
+# rounded to fp32 (off by at most u |log p| <= u log 16), which moves a softmax weight p_j by at most
+# 2 p_j max|delta|; the softmax's own roundings (max, exp within 2 ulps, a sum of 5, a divide) by
+# (gamma_5 + 6u) p_j, and a renormalization after top-k/top-p (a sum of at most 5, a divide) by
+# (gamma_5 + u) p_j (tests/bounds.py: attention_f32_bound's softmax argument). p <= 1; doubled for
+# second-order terms.
+PROB_TOL = 2 * (2 * U32 * math.log(16) + 2 * gamma(5) + 7 * U32)
 
 
 # -- filters -----------------------------------------------------------------------------------
@@ -49,7 +57,7 @@ def test_top_k_off():
 
 
 @pytest.mark.parametrize("p, expected", [
-    (1e-6, {3}),               # the most likely token is always kept
+    (1e-6, {3}),               # the most likely token is always kept (a top_p, not a tolerance)
     (0.49, {3}),
     (0.5, {3}),                # 0.5 alone reaches p exactly
     (0.51, {3, 0}),
@@ -83,8 +91,14 @@ def test_temperature_divides_the_logits():
     logits = torch.randn(1, 20)
     for t in (0.3, 1.0, 2.5):
         out = filt(logits, temperature=t)
-        assert torch.allclose(out, logits / t)
-        assert torch.allclose(out.softmax(-1), torch.softmax(logits / t, -1))
+        # the same fp32 logits divided by t, once rounded to fp32 (the sampler's tensor) or not:
+        # each quotient correctly rounded, so within (u + u + u) |x / t| of each other; 4u for the rest
+        assert torch.allclose(out, logits / t, rtol=4 * U32, atol=0)
+        # two softmaxes of inputs within 4u |x/t| of each other: p_j moves by at most 2 p_j max|dx|,
+        # and each softmax's own roundings by (gamma_20 + 6u) p_j (see PROB_TOL); p <= 1, doubled
+        dx = 4 * U32 * float((logits / t).abs().max())
+        assert torch.allclose(out.softmax(-1), torch.softmax(logits / t, -1), rtol=0,
+                              atol=2 * (2 * dx + 2 * (gamma(20) + 6 * U32)))
 
 
 def test_per_row_parameters():
@@ -124,7 +138,9 @@ def test_sampling_follows_the_filtered_distribution():
     gen = torch.Generator().manual_seed(11)
     tokens, _ = Sampler()(logits, [SamplingParams(temperature=1.0)] * n, [gen] * n)
     freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
-    assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.08, 0.02]), atol=0.025)
+    # each frequency is a binomial proportion of n draws, standard deviation sqrt(p (1 - p) / n) <=
+    # sqrt(1/4 / n) = 0.0065: within 4 of those (a 6e-5 chance of missing for a fresh seed; seeded here)
+    assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.08, 0.02]), rtol=0, atol=4 * math.sqrt(0.25 / n))
     tokens, _ = Sampler()(logits, [SamplingParams(temperature=1.0, top_k=2)] * n, [gen] * n)
     freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
     assert freq[2] == 0 and freq[3] == 0                        # filtered out: never drawn
@@ -158,10 +174,11 @@ def test_candidates_before_and_after_filters():
     (row,) = cands
     assert [c.token_id for c in row] == [3, 0, 4, 1] or [c.token_id for c in row] == [3, 0, 4, 2]
     for c in row:
-        assert c.prob == pytest.approx(PROBS[c.token_id], abs=1e-6)      # raw softmax
-        assert c.logit == pytest.approx(math.log(PROBS[c.token_id]), abs=1e-6)  # raw logit, unscaled
+        assert c.prob == pytest.approx(PROBS[c.token_id], abs=PROB_TOL)      # raw softmax
+        # raw logit, unscaled: log p rounded once to fp32, within u |log p|
+        assert c.logit == pytest.approx(math.log(PROBS[c.token_id]), abs=U32 * abs(math.log(PROBS[c.token_id])))
     finals = {c.token_id: c.final_prob for c in row}
-    assert finals[3] == pytest.approx(2 / 3, abs=1e-6) and finals[0] == pytest.approx(1 / 3, abs=1e-6)
+    assert finals[3] == pytest.approx(2 / 3, abs=PROB_TOL) and finals[0] == pytest.approx(1 / 3, abs=PROB_TOL)
     assert finals[4] == 0.0                                  # cut by top-k: probability exactly 0
     assert tokens[0] in (3, 0)
 
@@ -171,7 +188,7 @@ def test_candidates_of_a_greedy_row():
     tokens, cands = Sampler()(logits, [SamplingParams(temperature=0.0, top_candidates=2)], [None])
     assert tokens == [3]
     assert [(c.token_id, c.final_prob) for c in cands[0]] == [(3, 1.0), (0, 0.0)]
-    assert cands[0][0].prob == pytest.approx(0.5) and cands[0][1].prob == pytest.approx(0.25)
+    assert cands[0][0].prob == pytest.approx(0.5, abs=PROB_TOL) and cands[0][1].prob == pytest.approx(0.25, abs=PROB_TOL)
 
 
 def test_candidates_include_the_chosen_token():
@@ -185,7 +202,7 @@ def test_candidates_include_the_chosen_token():
         pytest.fail("100 seeds never drew anything but the most likely token")
     ids = [c.token_id for c in cands[0]]
     assert ids == [3, tokens[0]]                            # the top one, then the one drawn
-    assert cands[0][1].final_prob == pytest.approx(PROBS[tokens[0]], abs=1e-6)
+    assert cands[0][1].final_prob == pytest.approx(PROBS[tokens[0]], abs=PROB_TOL)
 
 
 # -- seeded requests through the engine ----------------------------------------------------------

@@ -105,7 +105,7 @@ class Attention(nn.Module):
 
     def forward(self, x, positions, rotary, batch: PagedBatch | None):
         T, H, Hkv, D = x.shape[0], self.H, self.Hkv, self.D
-        qkv = self.qkv_proj(x).float()                           # (T, (H + 2 Hkv) D)
+        qkv = self.qkv_proj(x).to(x.dtype)                       # (T, (H + 2 Hkv) D): bf16 products promoted
         qk = rotary(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), positions)  # q and k at once
         q, k = qk[:, :H], qk[:, H:]                              # (T, H, D), (T, Hkv, D)
         v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)               # (T, Hkv, D)

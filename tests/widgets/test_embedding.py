@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bounds import U32, gamma
 from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 EMB = '[data-widget="embedding"]'
@@ -13,6 +14,26 @@ def test_embedding_registers_one_job():
     types = {m.type: m for m in BY_NAME["embedding"].messages}
     assert set(types) == {"embedding"}
     assert types["embedding"].job
+
+
+def half_unit(decimals: int) -> float:
+    """How far a float rounded to `decimals` places (Python's round) lies from it: half a unit of
+    the last place, plus the rounding of that decimal to the nearest double (relative 2^-53 of a
+    value below 1 here: covered by the 2^-50)."""
+    return 0.5 * 10.0 ** -decimals * (1 + 2.0 ** -50)
+
+
+def norm_tolerance(norm: float, C: int) -> float:
+    """The reply's row_norm: an fp32 norm of C fp32 values (a sum of C squares, gamma_C relative,
+    and a sqrt, half of that plus u: within gamma_{C+2}), doubled, rounded to 6 places."""
+    return 2 * gamma(C + 2) * norm + half_unit(6)
+
+
+def cosine_tolerance(C: int) -> float:
+    """The reply's cosine: an fp32 dot product (gamma_C sum |a b| <= gamma_C |a| |b|), two fp32
+    norms (gamma_{C+2} each), their product and the divide (2u), all relative to |a| |b|, so
+    absolute on the cosine; doubled for second order; rounded to 7 places."""
+    return 2 * (gamma(C) + 2 * gamma(C + 2) + 2 * U32) + half_unit(7)
 
 
 def reference_neighbours(table: torch.Tensor, token_id: int, k: int):
@@ -34,14 +55,18 @@ def test_row_and_neighbours_equal_transformers(real_ws, hf_reference, token_id, 
     assert reply["token_id"] == token_id and reply["num_rows"] == table.shape[0]
     row = torch.tensor(reply["row"], dtype=torch.float64)
     assert row.shape == (table.shape[1],) == (576,)
+    C = table.shape[1]
+    # NOT YET DERIVED: the reply rounds to 7 places (half_unit(7)), but some rows of transformers'
+    # dequantized table differ from ours by more than that (issue 23); the bound set on earlier runs
     assert torch.allclose(row, table[token_id].double(), rtol=0, atol=1e-6)
-    assert reply["row_norm"] == pytest.approx(float(table[token_id].double().norm()), abs=1e-5)
+    norm = float(table[token_id].double().norm())
+    assert reply["row_norm"] == pytest.approx(norm, abs=norm_tolerance(norm, C))
     ids, cosines = reference_neighbours(table, token_id, k)
     assert [n["id"] for n in reply["neighbours"]] == ids
-    assert [n["cosine"] for n in reply["neighbours"]] == pytest.approx(cosines, abs=1e-5)
+    assert [n["cosine"] for n in reply["neighbours"]] == pytest.approx(cosines, abs=cosine_tolerance(C))
     assert token_id not in [n["id"] for n in reply["neighbours"]] and reply["self_excluded"]
     nearest = torch.tensor(reply["nearest_row"], dtype=torch.float64)
-    assert torch.allclose(nearest, table[ids[0]].double(), rtol=0, atol=1e-6)
+    assert torch.allclose(nearest, table[ids[0]].double(), rtol=0, atol=1e-6)      # not yet derived: see above
 
 
 @pytest.mark.real_model
@@ -98,8 +123,10 @@ def test_embedding_page_from_the_url_and_a_click_on_a_neighbour(pg, artifacts_di
     dog = hf_tok.encode(" dog", add_special_tokens=False)[0]
     assert figure_value(page, "token_id") == dog
     ids, cosines = reference_neighbours(table, dog, 5)
-    assert figure_value(page, "top_cosine") == pytest.approx(cosines[0], abs=1e-5)
-    assert figure_value(page, "row_norm") == pytest.approx(float(table[dog].norm()), abs=1e-4)
+    C = table.shape[1]
+    assert figure_value(page, "top_cosine") == pytest.approx(cosines[0], abs=cosine_tolerance(C))
+    norm = float(table[dog].double().norm())
+    assert figure_value(page, "row_norm") == pytest.approx(norm, abs=norm_tolerance(norm, C))
     shown = page.locator(f"{EMB} .neighbours .tok").evaluate_all("els => els.map(e => Number(e.dataset.id))")
     assert shown == ids
     page.locator(f"{EMB} .neighbours .tok").nth(1).click()          # look up the second neighbour
@@ -107,7 +134,8 @@ def test_embedding_page_from_the_url_and_a_click_on_a_neighbour(pg, artifacts_di
                                ?.dataset.value === '{ids[1]}'""")
     wait_ready(page, EMB)
     assert page.input_value(f'{EMB} input[name="token_id"]') == str(ids[1])
-    assert figure_value(page, "top_cosine") == pytest.approx(reference_neighbours(table, ids[1], 5)[1][0], abs=1e-5)
+    assert figure_value(page, "top_cosine") == pytest.approx(reference_neighbours(table, ids[1], 5)[1][0],
+                                                            abs=cosine_tolerance(C))
     pg.assert_clean()
 
 
