@@ -19,6 +19,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from core.engine.outputs import gaps, mean_gap
+
 
 def poisson_arrivals(rate: float, n: int, seed: int = 0) -> list[float]:
     """n arrival times (seconds, the first at 0) of a Poisson process of `rate` per second."""
@@ -47,13 +49,11 @@ class RequestTiming:
 
     @property
     def tpot(self) -> float | None:
-        n = len(self.token_times)
-        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
+        return mean_gap(self.token_times)
 
     @property
     def itl(self) -> list[float]:
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return gaps(self.token_times)
 
 
 def percentile(values: list[float], p: float) -> float | None:

@@ -6,6 +6,16 @@ from core.engine.trace import StepKind
 from core.model.sampler import Candidate
 
 
+def mean_gap(times: list[float]) -> float | None:
+    """The mean gap between consecutive times (TPOT over token times); None for fewer than two."""
+    n = len(times)
+    return None if n < 2 else (times[-1] - times[0]) / (n - 1)
+
+
+def gaps(times: list[float]) -> list[float]:
+    """Every gap between consecutive times (inter-token latencies)."""
+    return [b - a for a, b in zip(times, times[1:])]
+
 @dataclass
 class StepRecord:
     """One engine step as one request saw it."""
@@ -43,14 +53,12 @@ class RequestMetrics:
     @property
     def tpot_s(self) -> float | None:
         """Time per output token after the first: the mean gap between tokens."""
-        n = len(self.token_times)
-        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
+        return mean_gap(self.token_times)
 
     @property
     def itl_s(self) -> list[float]:
         """Inter-token latencies: every gap between consecutive tokens."""
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return gaps(self.token_times)
 
     @property
     def e2e_s(self) -> float | None:
