@@ -30,7 +30,7 @@ serve: $(VENV)/.serve-deps
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest
 
-# The inner loop: the tiny model only, in this process: no browser, no real-model tests, no worker
+# The inner loop: the tiny model only: no browser, no real-model tests, no worker
 # processes or servers of their own (tests/conftest.py: SLOW_MODULES). `make test` runs them all.
 fast: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q -m "not browser and not real_model and not slow"

@@ -43,18 +43,6 @@ class RequestTiming:
     arrival: float
     token_times: list[float] = field(default_factory=list)   # when each output token was ready
 
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        return mean_gap(self.token_times)
-
-    @property
-    def itl(self) -> list[float]:
-        return gaps(self.token_times)
-
 
 def percentile(values: list[float], p: float) -> float | None:
     """The p-th percentile (0..100), linear between order statistics; None for no values."""
@@ -87,7 +75,7 @@ def serving_metrics(requests: list[RequestTiming]) -> dict:
         "completed": len(requests), "output_tokens": tokens, "duration_s": duration,
         "output_throughput_tok_s": tokens / duration if duration > 0 else None,
         "request_throughput_rps": len(requests) / duration if duration > 0 else None,
-        "ttft": summary_ms([r.ttft for r in requests]),
-        "tpot": summary_ms([r.tpot for r in requests if r.tpot is not None]),
-        "itl": summary_ms([gap for r in requests for gap in r.itl]),
+        "ttft": summary_ms([r.token_times[0] - r.arrival for r in requests]),
+        "tpot": summary_ms([t for r in requests if (t := mean_gap(r.token_times)) is not None]),
+        "itl": summary_ms([gap for r in requests for gap in gaps(r.token_times)]),
     }
