@@ -197,9 +197,12 @@ def test_paging_polls_only_while_on_screen(pg):
     in_view = polls_over(6)
     assert 5 <= in_view <= 6 + 1, f"{in_view} snapshots in 6 poll intervals on screen"
     page.evaluate("window.scrollTo(0, 0)")
+    # The observer reports on the next rendering, in real time: wait for it before advancing the clock.
+    page.wait_for_selector(f'{PAGING}[data-on-screen="false"]', state="attached", timeout=30_000)
     settle()
     assert polls_over(6) == 0, "snapshots asked for while scrolled away"
     page.evaluate(into_view)
+    page.wait_for_selector(f'{PAGING}[data-on-screen="true"]', state="attached", timeout=30_000)
     back = polls_over(6)
     assert 5 <= back <= 6 + 1, f"{back} snapshots in 6 poll intervals back on screen"
     pg.assert_clean()

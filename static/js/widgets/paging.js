@@ -192,7 +192,11 @@ function poller(root, job, view) {
   };
   const timer = setInterval(poll, POLL_MS);
   const observer = "IntersectionObserver" in window
-    ? new IntersectionObserver((entries) => { visible = entries.some((e) => e.isIntersecting); if (visible) poll(); })
+    ? new IntersectionObserver((entries) => {
+      visible = entries.some((e) => e.isIntersecting);
+      root.dataset.onScreen = String(visible);    // what the poller believes, for tests and devtools
+      if (visible) poll();
+    })
     : null;
   observer?.observe(root);
   const onVisibility = () => { if (!document.hidden) poll(); };
