@@ -38,10 +38,29 @@ SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py
                 "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py"}
 
 
+# Fixtures of this file that load the real model (in this process or in `python -m app`) or start
+# Chromium: a test that needs one, directly or through another fixture, gets the marker even where
+# its decorator was left off, so `make fast` never loads SmolLM2 or starts a browser.
+REAL_MODEL_FIXTURES = {"smollm_loaded", "hf_reference", "server"}
+BROWSER_FIXTURES = {"browser"}
+
+
+def uses_conftest_fixture(item, names: set[str]) -> bool:
+    """The test needs one of this file's fixtures `names` (a test module's own fixture of the
+    same name, such as test_live's tiny `server`, does not count)."""
+    defs = item._fixtureinfo.name2fixturedefs
+    return any(d.func.__module__ == __name__ for name in names & set(item.fixturenames)
+               for d in defs.get(name, ())[-1:])
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if uses_conftest_fixture(item, REAL_MODEL_FIXTURES) and not item.get_closest_marker("real_model"):
+            item.add_marker(pytest.mark.real_model)
+        if uses_conftest_fixture(item, BROWSER_FIXTURES) and not item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(scope="session")
