@@ -109,7 +109,24 @@ def margin(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
-def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, logit_bounds):
+@pytest.fixture(scope="module")
+def hf_generations(hf_reference, smollm):
+    """transformers' greedy continuation of each chat in CHATS (48 new tokens, with their scores),
+    computed once for the three weight formats' tests: {prompt token ids: generate's output}."""
+    hf_model, _ = hf_reference
+    eos = smollm.engine.model_config.eos_token_id
+    out = {}
+    for chat in CHATS:
+        prompt = smollm.tokenizer.apply_chat_template(chat)
+        with torch.no_grad():
+            out[tuple(prompt)] = hf_model.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False, max_new_tokens=48, pad_token_id=eos,
+                return_dict_in_generate=True, output_scores=True)
+    return out
+
+
+def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, hf_generations, logit_bounds):
     """fp32: every token equal. bf16 and q4_1 (rounded weights and activations) may part from the
     reference only at a step where transformers' own two best tokens are within twice the format's
     logit bound of each other (each logit within the bound, so the lead moves by at most twice
@@ -122,10 +139,7 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, logi
     prompts = [smollm.tokenizer.apply_chat_template(chat) for chat in CHATS]
     ours = smollm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=48))
     for prompt, out in zip(prompts, ours):
-        with torch.no_grad():
-            gen = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                    do_sample=False, max_new_tokens=48, pad_token_id=eos,
-                                    return_dict_in_generate=True, output_scores=True)
+        gen = hf_generations[tuple(prompt)]
         expected = gen.sequences[0, len(prompt):].tolist()
         assert out.prompt_token_ids == prompt
         if fmt != "fp32" and out.token_ids != expected:
