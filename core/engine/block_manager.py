@@ -31,6 +31,32 @@ class Block:
         self.token_ids: tuple[int, ...] = ()  # kept to rule out hash collisions
 
 
+class Blocks:
+    """The pool's Block objects, each made when first used; indexed and iterated as a list of all
+    `num_blocks`. A pool sized by bytes holds many blocks (1 GiB of the tiny model's KV is 131,072
+    of them), and making them all up front took most of an engine's start (a Python object each),
+    while most are never touched."""
+    __slots__ = ("made", "num_blocks")
+
+    def __init__(self, num_blocks: int):
+        self.made: dict[int, Block] = {}
+        self.num_blocks = num_blocks
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def __getitem__(self, block_id: int) -> Block:
+        block = self.made.get(block_id)
+        if block is None:
+            if not 0 <= block_id < self.num_blocks:
+                raise IndexError(f"block {block_id} of {self.num_blocks}")
+            block = self.made[int(block_id)] = Block(int(block_id))
+        return block
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num_blocks))
+
+
 def hash_block(parent: bytes | None, token_ids) -> bytes:
     """sha256 over the parent block's hash and this block's token ids. A cryptographic hash, so
     no one can craft a prompt whose blocks collide with another user's prefix (CVE-2025-25183)."""
@@ -45,7 +71,7 @@ class BlockManager:
             raise InvalidParameter("num_kv_blocks", f"must be at least 1, got {num_blocks}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = Blocks(num_blocks)
         # Blocks no one uses, in eviction order: the first is taken next. Blocks holding a cached
         # prefix go to the end when freed (least recently used first); empty ones to the front.
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
