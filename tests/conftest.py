@@ -33,7 +33,8 @@ def pytest_sessionstart(session):
 
 # Modules that start worker processes or a server of their own, or wait out the server's own
 # timeouts (pings, idle connections, a stopped process): `make test` runs them, `make fast` (the
-# inner loop, -m "not slow") leaves them out. Matched by file name, in tests/ and tests/widgets/.
+# inner loop, -m "not slow") leaves them out. Matched by file name, in tests/ and tests/widgets/;
+# a single test elsewhere that does the same carries @pytest.mark.slow itself.
 SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py",
                 "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py"}
 

@@ -144,6 +144,7 @@ def fetch(url: str, method: str = "GET", **headers):
             return err.code, err.headers, err.read()
 
 
+@pytest.mark.slow   # a server of its own (conftest.py: SLOW_MODULES says why make fast leaves it out)
 @pytest.mark.parametrize("path", ["/", "/static/js/main.js"])
 def test_gunicorn_serves_gzip_etag_and_304(gunicorn_base, path):
     status, plain_headers, plain = fetch(gunicorn_base + path)

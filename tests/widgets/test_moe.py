@@ -126,6 +126,7 @@ def test_moe_routes_the_batch_on_the_tiny_model(ws, tiny_loaded):
     check_routing(r4, tiny_loaded, TEXTS, 4)
 
 
+@pytest.mark.slow   # starts worker processes (conftest.py: SLOW_MODULES says why make fast leaves them out)
 def test_moe_parallel_equals_one_process_and_leaves_no_worker(ws, tiny_loaded):
     from core.model.moe import route
     r = ws.job("moe_parallel", texts=TEXTS, top_k=2, layer=1, workers=2, timeout=180)
@@ -144,6 +145,7 @@ def test_moe_parallel_equals_one_process_and_leaves_no_worker(ws, tiny_loaded):
     assert worker_processes(os.getpid()) == []
 
 
+@pytest.mark.slow   # starts worker processes (conftest.py: SLOW_MODULES says why make fast leaves them out)
 def test_the_jobs_run_in_short_slices(tiny_loaded):
     """Every slice is a piece of a probe pass or a poll of the workers: the job yields Progress only,
     many times, and leaves the serving engine alone."""
