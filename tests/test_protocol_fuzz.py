@@ -53,7 +53,17 @@ def fuzz_ws(live_server):
     client.close()
 
 
-@pytest.mark.parametrize("kind", sorted(MESSAGE_TYPES))
+# Message types whose valid messages start worker processes (app/processes.py): slow, as
+# conftest.py's SLOW_MODULES, so `make fast` leaves them to `make test`.
+WORKER_KINDS = {"moe_parallel", "moe-parallel", "pipeline", "tensor_parallel", "tensor-parallel"}
+
+
+def test_the_worker_kinds_are_message_types():
+    assert WORKER_KINDS <= set(MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind in WORKER_KINDS else kind
+                                  for kind in sorted(MESSAGE_TYPES)])
 def test_every_message_type_refuses_bad_fields_by_name(live_server, fuzz_ws, kind):
     counter = [0]
 
