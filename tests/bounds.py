@@ -25,6 +25,7 @@ import torch
 
 U32 = 2.0 ** -24        # fp32 unit roundoff: |fl(x) - x| <= u |x| for round-to-nearest
 U_BF16 = 2.0 ** -8      # bfloat16 unit roundoff (8 significant bits)
+U64 = 2.0 ** -53        # float64 unit roundoff
 
 # A sum split into chains (tensor parallel ranks, mixture-of-experts' experts), against one chain.
 # Tensor parallelism changes only the row-parallel products' sums (o_proj, down_proj): each output's
@@ -59,6 +60,20 @@ def gamma(n: int, u: float = U32) -> float:
     if n * u >= 1:
         raise ValueError(f"gamma: n * u = {n * u} >= 1, no bound")
     return n * u / (1 - n * u)
+
+
+def f64_rel(n: int) -> float:
+    """Two float64 evaluations of one formula, in any order or form (here and in the code under
+    test), each of at most n roundings on terms of one sign (no cancellation): each within gamma_n
+    of the exact value, relative (Higham 3.1), so within 2 gamma_n of each other."""
+    return 2 * gamma(n, U64)
+
+
+def decimal_half(places: int) -> float:
+    """The largest error of a number rounded to `places` decimal places (Python's round, JS's
+    toFixed) and held as the nearest float64: half a unit of the last place, the float64 being
+    within u of it (counted by the caller, at the number's scale)."""
+    return 0.5 * 10.0 ** -places
 
 
 def fp32_dot_bound(a: torch.Tensor, b: torch.Tensor, u: float = U32, extra_roundings: int = 0) -> torch.Tensor:
