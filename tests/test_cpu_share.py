@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from bounds import U64
 from conftest import wait_for
 from core import cpu_share
 from core.cpu_share import CpuShare, read_busy_seconds
@@ -45,7 +46,9 @@ def test_threads_follow_the_cores_others_leave_free(monkeypatch, restore_threads
     machine.run(0.5, ours=3, others=1)                  # one busy process
     assert share.update() == 3 and torch.get_num_threads() == 3
     machine.run(0.5, ours=1, others=3.9)                # the machine is full: still one thread
-    assert share.update() == 1 and share.others == pytest.approx(3.9)
+    # the fake machine's float64 sums: at most 5 roundings of numbers below 8 (busy 6.45, its
+    # increments, the difference), each within u of 8, divided by the 0.5 s window; 3.9 itself rounded
+    assert share.update() == 1 and share.others == pytest.approx(3.9, rel=0, abs=5 * 8 * U64 / 0.5 + 4 * U64)
     machine.run(0.5, ours=2, others=0.1)                # noise does not cost a core
     assert share.update() == 4 and torch.get_num_threads() == 4
 
@@ -96,8 +99,9 @@ def test_read_busy_seconds_sums_the_cpus_asked_for(tmp_path, monkeypatch):
                     "cpu1 200 0 20 600 0 0 0 0 0 0\n"
                     "intr 12345\n")
     monkeypatch.setattr(cpu_share.os, "sysconf", lambda name: 100)
-    assert read_busy_seconds({0}, str(stat)) == pytest.approx((100 + 10 + 1 + 2) / 100)
-    assert read_busy_seconds({0, 1}, str(stat)) == pytest.approx((113 + 220) / 100)
+    # whole ticks summed as integers, then one division by the clock rate, here and there: bit for bit
+    assert read_busy_seconds({0}, str(stat)) == (100 + 10 + 1 + 2) / 100
+    assert read_busy_seconds({0, 1}, str(stat)) == (113 + 220) / 100
     assert read_busy_seconds({0}, str(tmp_path / "missing")) is None
 
 

@@ -49,7 +49,7 @@ def test_expert_parallel_equals_one_process(world_size, top_k, tokens, fmt):
     # every phase timed on every run; the exchange is the dispatch and the return of the slowest rank
     assert r["runs"] == 2 and set(r["phase_ms"]) == set(PHASES)
     assert all(v >= 0 for v in r["phase_ms"].values())
-    assert r["alltoall_ms"] == pytest.approx(statistics.median(r["alltoall_runs_ms"]))
+    assert r["alltoall_ms"] == statistics.median(r["alltoall_runs_ms"])     # the same median of the same list: exact
     assert r["total_ms"] >= r["alltoall_ms"] > 0
 
 

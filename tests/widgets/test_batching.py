@@ -5,6 +5,7 @@ engine's own trace; the tokens match transformers' greedy decoding."""
 import pytest
 import torch
 
+from bounds import U64, decimal_half, gamma
 from conftest import figure_value, shoot_widget, wait_ready
 
 BT = '[data-widget="batching"]'
@@ -53,7 +54,12 @@ def check_run(run: dict, workload, slots: int) -> None:
     assert run["busy_slots"] == busy
     assert run["idle_slots"] == run["steps"] * slots - busy
     assert [len(q["token_ids"]) for q in run["requests"]] == [out for _, out in workload]
-    assert run["total_ms"] == pytest.approx(sum(r["ms"] for r in run["trace"]), abs=0.01 * run["steps"])
+    # the server rounds each step's ms and the total (its float64 sum of the seconds, x 1000) to 3 places:
+    # steps + 1 half-units; the float64 sums of `steps` positive terms there and here, and the x 1000s,
+    # within gamma_{steps + 2} of the total each
+    n = run["steps"]
+    assert run["total_ms"] == pytest.approx(sum(r["ms"] for r in run["trace"]), rel=0,
+                                            abs=decimal_half(3) * (n + 1) + 2 * gamma(n + 2, U64) * run["total_ms"])
 
 
 def check_reply(r, workload, slots):

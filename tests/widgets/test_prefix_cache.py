@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from bounds import U64, decimal_half
 from conftest import figure_value, shoot_widget, wait_ready
 
 PC = '[data-widget="prefix-cache"]'
@@ -72,7 +73,11 @@ def check_reply(r, tokenizer):
     # the second ask: every full block before the last token
     assert again["cached_tokens"] == (len(prompts[1]) - 1) // bs * bs > 0
     assert r["cached_tokens"] == again["cached_tokens"]
-    assert r["ttft_saved_ms"] == again["ttft_saved_ms"] == pytest.approx(again["ttft_without_ms"] - again["ttft_with_ms"], abs=1e-3)
+    # the server rounds t_off - t_on to 3 places (half a unit), after a float64 difference (u of each
+    # side) that we make again here: within decimal_half(3) + 2u (t_off + t_on), doubled for the ulps
+    off, on = again["ttft_without_ms"], again["ttft_with_ms"]
+    assert r["ttft_saved_ms"] == again["ttft_saved_ms"] == pytest.approx(off - on, rel=0,
+                                                                         abs=decimal_half(3) + 4 * U64 * (off + on))
     for ids, p in zip(prompts[2:], r["prompts"][2:]):
         shared = 0
         while shared < min(len(ids), len(prompts[0])) and ids[shared] == prompts[0][shared]:
@@ -126,7 +131,8 @@ def test_prefix_cache_page(pg, artifacts_dir):
     cached = figure_value(page, "cached_tokens", PC)
     assert cached > 0 and cached % 16 == 0
     saved = figure_value(page, "ttft_saved_ms", PC)
-    assert saved == pytest.approx(figure_value(page, "ttft_without_ms", PC) - figure_value(page, "ttft_with_ms", PC), abs=1e-3)
+    off, on = figure_value(page, "ttft_without_ms", PC), figure_value(page, "ttft_with_ms", PC)
+    assert saved == pytest.approx(off - on, rel=0, abs=decimal_half(3) + 4 * U64 * (off + on))    # as in check_reply
     assert page.locator(f"{PC} .pc-brow").count() == 4
     assert page.locator(f"{PC} .pc-b.pc-hit").count() >= cached // 16
     assert "thread" in page.inner_text(f"{PC} .pc-machine")

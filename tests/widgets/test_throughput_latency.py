@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from bounds import U64, decimal_half
 from conftest import figure_value, shoot_widget, wait_ready
 from app.lab.load import RequestTiming, percentile, poisson_arrivals, serving_metrics
 
@@ -42,21 +43,27 @@ def test_metrics_of_a_made_up_trace_equal_hand_computed_values():
     b = RequestTiming(0.2, [1.2, 1.5])               # TTFT 1.0, gap .3, TPOT .3
     c = RequestTiming(1.0, [1.4])                    # TTFT 0.4, one token: no TPOT
     m = serving_metrics([a, b, c])
+    # Both sides are float64 formulas of at most 16 roundings (decimal literals included), each of a
+    # number at most 5 in seconds or tokens/s (at most 1,500 in ms), dividing only by 1.5, 2, 3 or 4 and
+    # multiplying by 0.98, 0.99 or 1000: each side within 16 u x that scale of the exact value, absolute
+    # (differences of the literals, such as 0.6 - 0.5, cancel: hence absolute, not relative)
+    def near(x, scale):
+        return pytest.approx(x, rel=0, abs=2 * 16 * U64 * scale)
     assert m["completed"] == 3 and m["output_tokens"] == 7
-    assert m["duration_s"] == pytest.approx(1.5)                    # first arrival 0 to last token 1.5
-    assert m["output_throughput_tok_s"] == pytest.approx(7 / 1.5)
-    assert m["request_throughput_rps"] == pytest.approx(3 / 1.5)
+    assert m["duration_s"] == near(1.5, 5)                          # first arrival 0 to last token 1.5
+    assert m["output_throughput_tok_s"] == near(7 / 1.5, 5)
+    assert m["request_throughput_rps"] == near(3 / 1.5, 5)
     # TTFT: 0.5, 1.0, 0.4 -> sorted .4 .5 1.0: median .5; p99 = .5 + (1.0 − .5)·0.98
-    assert m["ttft"]["mean_ms"] == pytest.approx(1000 * 1.9 / 3)
-    assert m["ttft"]["p50_ms"] == pytest.approx(500)
-    assert m["ttft"]["p99_ms"] == pytest.approx(1000 * (0.5 + 0.5 * 0.98))
+    assert m["ttft"]["mean_ms"] == near(1000 * 1.9 / 3, 1500)
+    assert m["ttft"]["p50_ms"] == near(500, 1500)
+    assert m["ttft"]["p99_ms"] == near(1000 * (0.5 + 0.5 * 0.98), 1500)
     # TPOT: .1333 and .3 -> median (.1333 + .3)/2; p99 = .1333 + (.3 − .1333)·0.99
     t1 = 0.4 / 3
-    assert m["tpot"]["p50_ms"] == pytest.approx(1000 * (t1 + 0.3) / 2)
-    assert m["tpot"]["p99_ms"] == pytest.approx(1000 * (t1 + (0.3 - t1) * 0.99))
+    assert m["tpot"]["p50_ms"] == near(1000 * (t1 + 0.3) / 2, 1500)
+    assert m["tpot"]["p99_ms"] == near(1000 * (t1 + (0.3 - t1) * 0.99), 1500)
     # ITL: .1 .2 .1 .3 -> sorted .1 .1 .2 .3: median .15, mean .175
-    assert m["itl"]["p50_ms"] == pytest.approx(150)
-    assert m["itl"]["mean_ms"] == pytest.approx(175)
+    assert m["itl"]["p50_ms"] == near(150, 1500)
+    assert m["itl"]["mean_ms"] == near(175, 1500)
     assert percentile([], 50) is None
     with pytest.raises(ValueError):
         serving_metrics([RequestTiming(0.0, [])])
@@ -89,11 +96,17 @@ def test_throughput_latency_refuses_bad_input_naming_the_field(ws):
 
 def check_point(r, rate, seqs, n):
     assert (r["rate"], r["max_num_seqs"], r["num_requests"]) == (rate, seqs, n)
-    assert r["arrivals_s"] == pytest.approx(poisson_arrivals(rate, n, seed=r["seed"]), abs=1e-6)
+    # the same seeded schedule, each arrival rounded to 6 places by the server (plus the float64's own u)
+    arrivals = poisson_arrivals(rate, n, seed=r["seed"])
+    assert r["arrivals_s"] == pytest.approx(arrivals, rel=0, abs=decimal_half(6) + 2 * U64 * max(arrivals))
     m = r["metrics"]
     assert m["completed"] == n and m["output_tokens"] == n * r["output_tokens"]
     assert len(r["sample_token_ids"]) == r["output_tokens"]
-    assert r["throughput_tok_s"] == pytest.approx(m["output_tokens"] / m["duration_s"], rel=2e-3)
+    # the server rounds tokens / duration to 3 places, and the duration we divide by to 6 (h = half a unit,
+    # plus u): tokens / duration_s is within rate x h / (duration - h) of tokens / duration, and our divide u
+    d, tps = m["duration_s"], m["output_tokens"] / m["duration_s"]
+    h = decimal_half(6) + 2 * U64 * d
+    assert r["throughput_tok_s"] == pytest.approx(tps, rel=0, abs=decimal_half(3) + tps * h / (d - h) + 2 * U64 * tps)
     assert m["duration_s"] >= r["arrivals_s"][-1]                 # the run lasts past the last arrival
     assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and 0 < r["tpot_p50_ms"] <= r["tpot_p99_ms"]
     assert r["machine"]["threads"] >= 1 and r["machine"]["measured_at"]
