@@ -90,7 +90,6 @@ def hf_residuals(hf_model, ids):
     return out.hidden_states[0][0], torch.stack(residual), torch.stack(mlp)
 
 
-@pytest.mark.real_model
 def check_against_f64(ours: torch.Tensor, hf: torch.Tensor, exact: torch.Tensor, own: torch.Tensor) -> None:
     """ours, hf, exact (L, ...): a per-layer figure from the widget, from transformers and from a
     float64 run of the same weights. Both fp32 computations of the same function: ours within
@@ -104,6 +103,7 @@ def check_against_f64(ours: torch.Tensor, hf: torch.Tensor, exact: torch.Tensor,
     assert ((ours.double() - hf.double()).abs() <= bound + err_hf).all()
 
 
+@pytest.mark.real_model
 def test_norms_match_transformers(real_ws, hf_reference, smollm_loaded):
     from core.model.model import Transformer
 
