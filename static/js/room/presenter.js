@@ -14,12 +14,11 @@ import { applyUpdate, emptyModel } from "./model.js";
 import { player } from "./replay.js";
 import { buildRoomView, frameDrawer, renderRoomView } from "./view.js";
 
-// The page's layout: the side column (figures, running count) and the main area.
+// The page's layout: the main area beside the template's side column (code, QR code, join link):
+// figures and running count, the controls, then the strip beside the live batch, KV and queue.
 function layout(root, v, top) {
-  const side = root.querySelector("[data-slot='side']") ?? root;
   const main = root.querySelector("[data-slot='main']") ?? root;
-  side.append(v.panels.figures);
-  main.append(...top, el("div", { class: "room-grid" }, [v.panels.strip, v.panels.table]),
+  main.append(v.panels.figures, ...top, el("div", { class: "room-grid" }, [v.panels.strip, v.panels.table]),
     el("div", { class: "room-grid room-grid-low" }, [v.panels.kv, v.panels.waiting]));
 }
 

@@ -1,0 +1,220 @@
+"""Issue 25's classroom test: one presenter and 8 students (Playwright contexts, each its own
+cookies and socket) in one room of a real server, sending at once.
+
+- every student gets an answer, and the presenter shows all 8 rows;
+- the step strip shows requests of several students sharing steps;
+- the figures equal the room's own trace (its export);
+- switching to static batching changes the strip as the batching widget predicts: no request
+  joins a batch while another of it still runs (continuous batching refills a finished slot at once);
+- bad names get the named error (display_name), and a student cannot use the teacher's controls.
+
+The server is the app on the `tiny` model (random weights: the answers are noise, the engine's
+scheduling is the real one), served in a thread like conftest's live_server, with room limits
+that fit the test. Screenshots of the presenter with the full room at 1920x1080 and 1280x720.
+"""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import Page
+
+from .views import strip_signature
+
+pytestmark = pytest.mark.browser
+
+STUDENTS = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken"]
+PRESENTER = '[data-view="presenter"]'
+STUDENT = '[data-view="student"]'
+HANG_MS = 120_000          # hang-stopping only
+
+
+@pytest.fixture(scope="module")
+def room_server(tiny_loaded, tmp_path_factory):
+    from werkzeug.serving import make_server
+
+    from app import create_app
+
+    settings = {"model": "tiny", "testing": True, "num_kv_blocks": 512, "max_tokens_limit": 64, "default_max_tokens": 16,
+                "room_join_rate_per_minute": 200, "room_max_rooms": 16, "rooms_db_path": str(tmp_path_factory.mktemp("rooms") / "rooms.sqlite3")}
+    app = create_app(settings, loaded=tiny_loaded)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="room-server", daemon=True)
+    thread.start()
+    port = server.server_port
+    yield SimpleNamespace(app=app, port=port, base=f"http://127.0.0.1:{port}")
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+    app.extensions["sendlens"].shutdown()
+
+
+@pytest.fixture
+def contexts(browser):
+    made = []
+
+    def new(width=1280, height=900):
+        context = browser.new_context(viewport={"width": width, "height": height})
+        made.append(context)
+        return context
+    yield new
+    for context in made:
+        context.close()
+
+
+def open_room(contexts, room_server) -> tuple[Page, str]:
+    pg = Page(contexts(1920, 1080), room_server)
+    pg.goto("/room/new")
+    pg.page.wait_for_selector(f'{PRESENTER}[data-source="live"][data-state="ready"]', timeout=HANG_MS)
+    return pg, pg.page.get_attribute(PRESENTER, "data-room")
+
+
+def join(contexts, room_server, code: str, name: str) -> Page:
+    pg = Page(contexts(1100, 900), room_server)
+    pg.goto(f"/room/{code}")
+    pg.page.fill('input[name="display_name"]', name)
+    pg.page.click('form[action$="/join"] button[type="submit"]')
+    pg.page.wait_for_selector(f'{STUDENT}[data-student="{name}"][data-state="ready"]', timeout=HANG_MS)
+    pg.page.wait_for_selector('[data-widget="chat"][data-state="ready"]', timeout=HANG_MS)
+    return pg
+
+
+def control(pg, name: str, value) -> None:
+    """Set a teacher control and wait for the room's settings to say so."""
+    node = pg.page.locator(f'[data-control="{name}"]')
+    if name == "scheduling":
+        node.select_option(value)
+    else:
+        node.fill(str(value))
+        node.dispatch_event("change")
+    pg.page.wait_for_function("([k, v]) => { const s = document.querySelector('[data-settings]').dataset.settings;"
+                              " return s && JSON.parse(s)[k] === v; }", arg=[name, value], timeout=HANG_MS)
+
+
+def send_together(students: list[Page], max_tokens: list[int]) -> None:
+    """Every student's chat sends at once: the texts and max tokens first, then each form submitted
+    without waiting for the others."""
+    for i, (pg, n) in enumerate(zip(students, max_tokens)):
+        pg.page.fill('[data-widget="chat"] textarea[name="message"]', f"Question {i + 1} from the class: what is {i + 2} times {i + 3}?")
+        pg.page.fill('[data-widget="chat"] input[aria-label="Max tokens"]', str(n))
+    for pg in students:
+        pg.page.evaluate("() => document.querySelector('[data-widget=chat] form').requestSubmit()")
+    for pg in students:   # each answer ends with its numbers drawn, or the server's refusal
+        pg.page.wait_for_function("() => /^(Stopped|The server refused)/.test(document.querySelector('[data-widget=chat] .finish').textContent)",
+                                  timeout=HANG_MS)
+        assert pg.page.inner_text('[data-widget="chat"] .finish').startswith("Stopped"), pg.page.inner_text('[data-widget="chat"] .finish')
+
+
+def cells_by_request(page) -> list[list[str]]:
+    """Per strip row, oldest step first: the requests that did work or held a slot in it."""
+    rows = page.evaluate("""() => [...document.querySelectorAll('[data-view=presenter] .rs-row[data-step]')].map((row) =>
+        [...row.querySelectorAll('.rs-cell[data-request]')].map((c) => c.dataset.request))""")
+    return list(reversed(rows))
+
+
+def mixed_rows(rows: list[list[str]]) -> int:
+    """Rows where a request joins while another that ran in the row before is still there: a refill."""
+    count, seen = 0, set()
+    for before, row in zip([[]] + rows, rows):
+        new = [r for r in row if r not in seen]
+        old = [r for r in row if r in before]
+        count += bool(new and old)
+        seen.update(row)
+    return count
+
+
+def figures(page) -> dict:
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('[data-view=presenter] [data-figure]')]
+        .map((n) => [n.dataset.figure, Number(n.dataset.value)]))""")
+
+
+def export_of(pg, code: str) -> dict:
+    resp = pg.page.request.get(f"{pg.server.base}/room/{code}/export")
+    assert resp.status == 200, resp.status
+    return resp.json()
+
+
+def wait_figures_match_export(presenter: Page, code: str) -> dict:
+    """The presenter's figures once they equal the export's trace (the last update may be on its way)."""
+    for _ in range(100):
+        exp = export_of(presenter, code)
+        busy = sum(1 for s in exp["steps"] for c in s["slots"] if c and c["kind"] != "idle")
+        want = {"room_students": len(exp["room"]["students"]), "room_requests": len(exp["requests"]),
+                "room_engine_steps": len(exp["steps"]), "room_mean_requests_per_step": busy / len(exp["steps"])}
+        got = figures(presenter.page)
+        if got == want:
+            return exp
+        presenter.page.wait_for_timeout(200)
+    assert got == want
+    return exp
+
+
+def test_one_presenter_and_eight_students(contexts, room_server, artifacts_dir):
+    presenter, code = open_room(contexts, room_server)
+    control(presenter, "max_num_seqs", 4)
+    control(presenter, "max_tokens", 64)
+    students = [join(contexts, room_server, code, name) for name in STUDENTS]
+    presenter.page.wait_for_selector(f'{PRESENTER} [data-figure="room_students"][data-value="8"]', timeout=HANG_MS)
+
+    # continuous batching: answers of different lengths; a finished slot is refilled at once
+    send_together(students, [40, 12, 24, 8, 32, 16, 20, 28])
+    for pg in students:
+        assert pg.page.locator('[data-widget="chat"] .msg-assistant .msg-text').last.inner_text().strip()
+    rows = presenter.page.locator(f"{PRESENTER} [data-request-row]")
+    presenter.page.wait_for_function("() => document.querySelectorAll('[data-view=presenter] [data-request-row][data-state=done]').length === 8",
+                                     timeout=HANG_MS)
+    assert sorted(rows.nth(i).get_attribute("data-student") for i in range(8)) == sorted(STUDENTS)
+    shared = [row for row in strip_signature(presenter.page, PRESENTER)
+              if len({student for student, kind in row[2] if kind in ("prefill", "decode")}) > 1]
+    assert shared, "no step was shared by several students"
+    continuous = cells_by_request(presenter.page)
+    assert mixed_rows(continuous) > 0, "continuous batching never refilled a slot while others ran"
+    wait_figures_match_export(presenter, code)
+    for size in [(1920, 1080), (1280, 720)]:
+        presenter.page.set_viewport_size({"width": size[0], "height": size[1]})
+        presenter.page.screenshot(path=str(artifacts_dir / f"room-class-presenter-{size[0]}x{size[1]}.png"))
+    students[4].page.screenshot(path=str(artifacts_dir / "room-class-student-1100.png"), full_page=True)
+
+    # static batching: a batch runs until its longest member is done; only then do the next join
+    control(presenter, "scheduling", "static")
+    before = {r for row in continuous for r in row}
+    send_together(students, [40, 12, 24, 8, 32, 16, 20, 28])
+    presenter.page.wait_for_function("() => document.querySelectorAll('[data-view=presenter] [data-request-row][data-state=done]').length >= 16",
+                                     timeout=HANG_MS)
+    rows_static = [[r for r in row if r not in before] for row in cells_by_request(presenter.page)]
+    rows_static = [row for row in rows_static if row]
+    assert mixed_rows(rows_static) == 0, "static batching refilled a slot before its batch drained"
+    idle = presenter.page.locator(f'{PRESENTER} .rs-cell[data-kind="idle"]').count()
+    assert idle > 0, "static batching: finished requests hold their slots idle until the batch drains"
+    wait_figures_match_export(presenter, code)
+
+    # a student cannot use the teacher's controls
+    refused = students[0].page.evaluate("""(code) => import('/static/js/client.js').then(({ getClient }) =>
+        getClient().call({ type: 'room_control', room: code, action: 'pause' }).then(() => null, (err) => ({ code: err.code, param: err.param })))""", code)
+    assert refused == {"code": "not_presenter", "param": "action"}
+    assert students[0].page.locator("[data-control]").count() == 0
+    presenter.assert_clean()
+    for pg in students:
+        pg.assert_clean()
+
+
+@pytest.mark.parametrize("name, why", [
+    ("", "empty"), ("x" * 25, "too long"), ("ADA", "taken, in another case"), ("<b>Bold</b>", "markup"),
+    ("Bell\u0007", "a control character"),
+])
+def test_a_bad_name_gets_the_named_error(contexts, room_server, name, why):
+    presenter, code = open_room(contexts, room_server)
+    join(contexts, room_server, code, "Ada")
+    pg = Page(contexts(390, 844), room_server)
+    pg.goto(f"/room/{code}")
+    pg.page.fill('input[name="display_name"]', name)
+    with pg.page.expect_response(lambda r: r.url.endswith(f"/room/{code}/join")) as response:
+        pg.page.click('form[action$="/join"] button[type="submit"]')
+    assert response.value.status == 400, why
+    error = pg.page.locator('[data-error-param="display_name"]')
+    assert "display_name" in error.inner_text(), why
+    assert pg.page.locator('input[name="display_name"][aria-invalid="true"]').count() == 1
+    assert pg.page.locator("b").count() == 0
+    assert pg.page.locator(STUDENT).count() == 0, f"{why}: joined anyway"
+    presenter.page.wait_for_selector(f'{PRESENTER} [data-figure="room_students"][data-value="1"]', timeout=HANG_MS)
