@@ -11,7 +11,7 @@ import pytest
 from conftest import Page
 
 from .room_fixture import session
-from .views import FakeRoomSocket, expected_signature, page_server, serve_json, serve_template, strip_signature
+from .views import FakeRoomSocket, serve_qr, expected_signature, page_server, serve_json, serve_template, strip_signature
 
 pytestmark = pytest.mark.browser
 
@@ -80,6 +80,7 @@ def test_the_replay_draws_the_strip_the_live_presenter_drew(browser, context, li
     try:
         live = Page(live_context, page_server(live_server))
         serve_template(live_context, live_server, f"/room/{CODE}/present", "room_present.html", code=CODE, source="live")
+        serve_qr(live_context, live_server, CODE)
         FakeRoomSocket(live.page, room["updates"])
         live.goto(f"/room/{CODE}/present")
         live.page.wait_for_selector(f'[data-view="presenter"][data-seq="{room["updates"][-1]["seq"]}"]', timeout=60_000)

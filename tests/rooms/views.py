@@ -37,6 +37,13 @@ def serve_template(context, live_server, path: str, template: str, **values) -> 
         status=200, body=html, headers={"Content-Type": "text/html; charset=utf-8", "Content-Security-Policy": csp}))
 
 
+def serve_qr(context, live_server, code: str) -> None:
+    """A stand-in for the room's QR code (the recorded room has no room on the server)."""
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 10 10"><rect width="10" height="10" fill="#fff"/></svg>'
+    context.route(f"{live_server.http}/room/{code}/qr.svg",
+                  lambda route: route.fulfill(status=200, body=svg, headers={"Content-Type": "image/svg+xml"}))
+
+
 def serve_json(context, url: str, payload: dict) -> None:
     body = json.dumps(payload)
     context.route(url, lambda route: route.fulfill(status=200, body=body, headers={"Content-Type": "application/json"}))
