@@ -92,7 +92,7 @@ def strip_signature(page, root: str = "[data-view]") -> list:
         [...row.querySelectorAll('.rs-cell')].map((c) => [c.dataset.student ?? null, c.dataset.kind])])""", root)
 
 
-def expected_signature(steps: list[dict], slots: int, limit: int = 60) -> list:
+def expected_signature(steps: list[dict], slots: int, limit: int = 200) -> list:
     """strip_signature as the trace says it must be."""
     rows = []
     for s in reversed(steps[-limit:]):

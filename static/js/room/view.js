@@ -6,11 +6,11 @@
 
 import { el, scrollBox } from "../lib/dom.js";
 import { figure } from "../lib/figures.js";
-import { studentOrder } from "./model.js";
+import { MAX_STEPS, studentOrder } from "./model.js";
 import { figureTiles, kvPanel, renderFigures, requestTable, runningCount, settingsText, visibleRequests, waitingPanel } from "./panels.js";
 import { colourMap, stepRow, stripLegend, stripRows, stripWidth } from "./strip.js";
 
-export const STRIP_ROWS = 60;   // steps the strip shows (the model keeps more for the replay)
+export const STRIP_ROWS = MAX_STEPS;   // steps the strip shows, newest first (it scrolls)
 const DRAW_MS = 50;             // a timer, not requestAnimationFrame: a hidden tab still draws
 
 // The empty view. parts: which panels to build ("figures", "strip", "table", "kv", "waiting").
