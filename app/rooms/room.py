@@ -112,6 +112,7 @@ class Room:
     def enqueue(self, engine: RoomEngine, seq, record: Record, listener=None) -> None:
         """Start a prepared request; listener(out), if given, sees each output after the record."""
         def on_output(out) -> None:                            # on the engine's thread
+            engine.observe()                                   # the step that made this output first
             with self.lock:
                 record.saw_output(out)
                 if out.finished:

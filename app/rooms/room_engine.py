@@ -6,7 +6,7 @@ serving engine. The room starts an engine when a request arrives and stops it on
 idle a while (Room.tick); a change of scheduling, batch slots, prefix caching or chunked prefill
 gives the room a fresh engine for its next requests, while the old one finishes what it holds.
 
-After each step the loop's side work (on the loop's thread, between steps) hands the new
+After each step (and before any output of it reaches the room) the loop's side work (on the loop's thread, between steps) hands the new
 StepTrace rows and the running requests' block tables to the room: snapshots the engine's view
 gives out (core/engine/view.py), never its internals.
 """
@@ -31,6 +31,11 @@ class RoomEngine:
         self.last_busy = time.monotonic()
         self.loop = EngineLoop(engine, max_queue=max_queue, side_work=self._observe)
         self.loop.start()
+
+    def observe(self) -> None:
+        """Hand the room the steps not yet seen; on the loop's thread only (a request's listener
+        calls it first, so a record never runs ahead of the steps that made it)."""
+        self._observe(self.loop.engine)
 
     def _observe(self, engine) -> bool:
         n = engine.view.num_steps
