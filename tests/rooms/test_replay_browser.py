@@ -49,6 +49,9 @@ def test_replay_steps_plays_and_ends_with_the_recorded_strip_and_figures(context
     total = len(export["steps"])
     assert position(page) == (1, total)                 # the first step is drawn at once
     assert page.locator('[data-control="scheduling"]').count() == 0, "a replay has no teacher controls"
+    assert page.locator(".badge-live").count() == 0, "a replay computes nothing live"
+    for key in ["room_students", "room_requests", "room_engine_steps", "room_mean_requests_per_step"]:
+        assert page.locator(f'.stat:has([data-figure="{key}"]) .badge-recorded').count() == 1, key
     page.click('[data-control="step"]')
     page.click('[data-control="step"]')
     assert position(page) == (3, total)

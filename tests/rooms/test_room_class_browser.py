@@ -181,18 +181,29 @@ def done_rows(presenter: Page, n: int) -> None:
         "(n) => document.querySelectorAll('[data-view=presenter] [data-request-row][data-state=done]').length === n", arg=n, timeout=HANG_MS)
 
 
+def wave(presenter: Page, students: list[Page]) -> None:
+    """The class sends: every student's own chat at once (each must get its answer), then the
+    teacher's "everyone, send now" with a prompt of several prefill chunks: eight requests in the
+    same instant, whose first four share each step's token budget for their chunks, so they start
+    decoding, and end, at different steps (the chats may not overlap much: `tiny` is quick)."""
+    send_together(students)
+    presenter.page.fill('[name="send_all_prompt"]', "Everyone at once: " + "the river runs to the sea and back again, " * 40)
+    presenter.page.click('[data-control="send_all"]')
+
+
 def test_one_presenter_and_eight_students(contexts, room_server, artifacts_dir):
     presenter, code = open_room(contexts, room_server)
     control(presenter, "max_num_seqs", 4)
-    control(presenter, "max_tokens", 24)
+    control(presenter, "max_tokens", 48)
+    control(presenter, "one_at_a_time", False)
     students = [join(contexts, room_server, code, name) for name in STUDENTS]
     presenter.page.wait_for_selector(f'{PRESENTER} [data-figure="room_students"][data-value="8"]', timeout=HANG_MS)
 
     # continuous batching: every student gets an answer; steps are shared; a freed slot is refilled at once
-    send_together(students)
-    done_rows(presenter, 8)
+    wave(presenter, students)
+    done_rows(presenter, 16)
     rows = presenter.page.locator(f"{PRESENTER} [data-request-row]")
-    assert sorted(rows.nth(i).get_attribute("data-student") for i in range(8)) == sorted(STUDENTS)
+    assert {rows.nth(i).get_attribute("data-student") for i in range(16)} == set(STUDENTS)
     exp = wait_drawn_as_exported(presenter, code, 4)
     shared = [s for s in exp["steps"] if len({c["student"] for c in s["slots"] if c and c["kind"] != "idle"}) > 1]
     assert shared, "no step was shared by several students"
@@ -204,17 +215,11 @@ def test_one_presenter_and_eight_students(contexts, room_server, artifacts_dir):
         presenter.page.screenshot(path=str(artifacts_dir / f"room-class-presenter-{size[0]}x{size[1]}.png"))
     students[4].page.screenshot(path=str(artifacts_dir / "room-class-student-1100.png"), full_page=True)
 
-    # static batching: a batch runs until its last member is done, its finished slots idle; only
-    # then do the next join. The teacher's "everyone, send now" fills a batch at once; the chats
-    # sent right behind it (one request at a time off) queue and form batches of their own.
+    # static batching: a batch runs until its last member is done, its finished slots idle; only then do the next join
     control(presenter, "scheduling", "static")
-    control(presenter, "max_tokens", 48)
-    control(presenter, "one_at_a_time", False)
     first = len(exp["steps"])
-    presenter.page.fill('[name="send_all_prompt"]', "Everyone at once: " + "the river runs to the sea and back again, " * 40)
-    presenter.page.click('[data-control="send_all"]')
-    send_together(students)
-    done_rows(presenter, 24)
+    wave(presenter, students)
+    done_rows(presenter, 32)
     exp = wait_drawn_as_exported(presenter, code, 4)
     static = exp["steps"][first:]
     assert max(len(row) for row in requests_by_step(static)) == 4, "no static batch of four"
@@ -222,6 +227,22 @@ def test_one_presenter_and_eight_students(contexts, room_server, artifacts_dir):
     idle = [s["step"] for s in static if any(c and c["kind"] == "idle" for c in s["slots"])]
     assert idle, "static batching: no finished request held its slot idle"
     assert presenter.page.get_attribute(PRESENTER, "data-scheduling") == "static"
+
+    # the replay of the recorded session draws the strip the live presenter drew
+    drawn_live = strip_signature(presenter.page, PRESENTER)
+    replay = Page(contexts(1280, 720), room_server)
+    replay.page.context.add_cookies(presenter.page.context.cookies())
+    replay.goto(f"/room/{code}/replay")
+    replay.page.wait_for_selector(f'{PRESENTER}[data-source="recording"][data-state="ready"]', timeout=HANG_MS)
+    replay.page.select_option('[data-control="speed"]', "30")
+    replay.page.click('[data-control="play"]')
+    total = len(exp["steps"])
+    replay.page.wait_for_selector(f'.room-player[data-position="{total}"][data-total="{total}"]', timeout=HANG_MS)
+    replay.page.wait_for_selector(f'{PRESENTER}[data-seq="{total}"]', timeout=HANG_MS)
+    assert strip_signature(replay.page, PRESENTER) == drawn_live
+    assert figures(replay.page) == figures(presenter.page)
+    replay.page.screenshot(path=str(artifacts_dir / "room-class-replay-1280x720.png"))
+    replay.assert_clean()
 
     # a student cannot use the teacher's controls
     refused = students[0].page.evaluate("""(code) => import('/static/js/client.js').then(({ getClient }) =>

@@ -9,7 +9,7 @@ import { fmtMs, fmtNum } from "../lib/format.js";
 import { stateText } from "./model.js";
 import { colourOf } from "./strip.js";
 
-// The four figures (docs: the contract's data-figure keys), each badged "live engine".
+// The four figures (docs: the contract's data-figure keys), each badged "live model".
 const FIGURES = [
   ["students", "Students", "room_students", "joined this room"],
   ["requests", "Requests", "room_requests", "sent by the room"],
@@ -17,8 +17,9 @@ const FIGURES = [
   ["mean", "Requests per step", "room_mean_requests_per_step", "mean batch size"],
 ];
 
-export function figureTiles() {
-  const tiles = Object.fromEntries(FIGURES.map(([name, label, key, note]) => [name, stat(label, { key, note, badge: "live" })]));
+// badgeKey: "live", or "recorded" on the replay (its figures were live when the session ran).
+export function figureTiles(badgeKey = "live") {
+  const tiles = Object.fromEntries(FIGURES.map(([name, label, key, note]) => [name, stat(label, { key, note, badge: badgeKey })]));
   tiles.node = el("div", { class: "stats room-figures" }, FIGURES.map(([name]) => tiles[name].node));
   return tiles;
 }

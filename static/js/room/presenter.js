@@ -26,7 +26,7 @@ function layout(root, v, top) {
 // source: { kind, start({ reset, update, error }) -> stop, control?(action, fields) -> promise,
 // node? (its own controls, e.g. the replay's play and step buttons) }.
 export function mountPresenter(root, source) {
-  const v = buildRoomView();
+  const v = buildRoomView(undefined, source.kind === "recording");
   const teacher = source.control ? controls((action, fields) => source.control(action, fields)) : null;
   layout(root, v, [teacher?.node, source.node].filter(Boolean));
   let model = emptyModel(root.dataset.room);

@@ -17,8 +17,8 @@ export const SCHEMA = "sendlens.room/1";
 // A slot as the live updates carry it: { request, student, kind, ... }, from either shape.
 function slotOf(s, names) {
   if (!s) return null;
-  const request = s.request ?? s.request_id;
-  return { ...s, request, student: s.student ?? names.get(request) ?? String(request) };
+  const request = s.request ?? s.request_id ?? null;
+  return { ...s, request, student: s.student ?? names.get(request) ?? null };
 }
 
 // The settings in force after `done` steps: the last log entry at or before it.

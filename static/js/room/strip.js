@@ -39,7 +39,8 @@ function slotLabel(slot) {
 function slotTitle(slot) {
   const what = slot.kind === "prefill" ? `prefill, ${slot.num_tokens} prompt token${slot.num_tokens === 1 ? "" : "s"}`
     : slot.kind === "decode" ? `decode, token ${slot.output_index ?? "?"}` : "idle: slot held, no work";
-  return `${slot.student}: ${what} (request ${slot.request})`;
+  return slot.student === null || slot.student === undefined ? `${what} (a request the room no longer names)`
+    : `${slot.student}: ${what} (request ${slot.request})`;
 }
 
 // One slot of one step. opts.colours: colourMap; opts.mine: the viewer's name (student page).

@@ -13,10 +13,14 @@ import { colourMap, stepRow, stripLegend, stripRows, stripWidth } from "./strip.
 export const STRIP_ROWS = MAX_STEPS;   // steps the strip shows, newest first (it scrolls)
 const DRAW_MS = 50;             // a timer, not requestAnimationFrame: a hidden tab still draws
 
-// The empty view. parts: which panels to build ("figures", "strip", "table", "kv", "waiting").
-export function buildRoomView(parts = ["figures", "strip", "table", "kv", "waiting"]) {
+const RECORDED = "recorded during the session by the room's engine, replayed now from the export: no engine runs";
+
+// The empty view. parts: which panels to build ("figures", "strip", "table", "kv", "waiting");
+// recorded: a replay, whose figures and panels are badged "recorded" instead of "live model".
+export function buildRoomView(parts = ["figures", "strip", "table", "kv", "waiting"], recorded = false) {
   const v = { parts: new Set(parts), slots: 0 };
-  v.figures = figureTiles();
+  const badges = [recorded ? "recorded" : "live"];
+  v.figures = figureTiles(badges[0]);
   v.count = el("p", { class: "room-count", "aria-live": "polite" });
   v.settings = el("p", { class: "room-settings", "data-settings": "" });
   v.strip = scrollBox(el("div", { class: "room-strip", role: "table", "aria-label": "Engine steps by batch slots, newest first" }), "Engine steps, newest first");
@@ -25,11 +29,12 @@ export function buildRoomView(parts = ["figures", "strip", "table", "kv", "waiti
   v.waiting = el("div", { class: "room-waiting-panel" });
   v.panels = {
     figures: el("div", { class: "room-figures-panel" }, [v.figures.node, v.count]),
-    strip: figure("The engine's steps", ["live"], [v.settings, stripLegend(), v.strip]),
-    table: figure("The live batch", ["live"], [v.table]),
-    kv: figure("KV pool in use", ["live"], [v.kv]),
-    waiting: figure("Waiting for a slot", ["live"], [v.waiting]),
+    strip: figure("The engine's steps", badges, [v.settings, stripLegend(), v.strip]),
+    table: figure(recorded ? "The batch" : "The live batch", badges, [v.table]),
+    kv: figure("KV pool in use", badges, [v.kv]),
+    waiting: figure("Waiting for a slot", badges, [v.waiting]),
   };
+  if (recorded) for (const node of Object.values(v.panels)) node.querySelectorAll(".badge-recorded").forEach((b) => { b.title = RECORDED; });
   return v;
 }
 
