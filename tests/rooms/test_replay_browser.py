@@ -55,6 +55,7 @@ def test_replay_steps_plays_and_ends_with_the_recorded_strip_and_figures(context
     page.click('[data-control="step"]')
     page.click('[data-control="step"]')
     assert position(page) == (3, total)
+    page.wait_for_selector(f'{ROOT}[data-seq="3"]')      # drawn (the view draws at most every 50 ms)
     assert strip_signature(page, ROOT) == expected_signature(export["steps"][:3], 4)
     page.select_option('[data-control="speed"]', "2")
     page.click('[data-control="play"]')

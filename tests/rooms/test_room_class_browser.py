@@ -273,3 +273,12 @@ def test_a_bad_name_gets_the_named_error(contexts, room_server, name, why):
     assert pg.page.locator("b").count() == 0
     assert pg.page.locator(STUDENT).count() == 0, f"{why}: joined anyway"
     presenter.page.wait_for_selector(f'{PRESENTER} [data-figure="room_students"][data-value="1"]', timeout=HANG_MS)
+
+
+def test_an_unknown_code_gets_the_room_not_found_page(contexts, room_server):
+    pg = Page(contexts(390, 844), room_server)
+    response = pg.goto("/room/ZZZZ2345")
+    assert response.status == 404
+    assert pg.page.locator('[data-error="room_not_found"]').count() == 1
+    assert pg.page.locator('input[name="display_name"]').count() == 0
+    assert pg.page_errors == []

@@ -14,6 +14,7 @@ export const STATES = Object.freeze(["waiting", "prefill", "decoding", "done", "
 export function emptyModel(room) {
   return {
     room, seq: -1,
+    state: "open",                      // the room's state: "open" or "closed"
     settings: null,                     // the room's settings as the server last said
     students: [],                       // [{ name, kv_blocks }] in joining order
     requests: [],                       // [record] in first-seen order
@@ -57,6 +58,7 @@ export function applyUpdate(model, msg) {
   return {
     ...model,
     seq: typeof msg.seq === "number" ? msg.seq : model.seq + 1,
+    state: msg.state ?? model.state,
     settings: msg.settings ?? model.settings,
     students: msg.students ?? model.students,
     requests: msg.requests ? mergeRequests(model.requests, msg.requests, full) : model.requests,

@@ -59,7 +59,7 @@ export function renderRoomView(v, model, mine = null) {
   const opts = { colours, mine, settings: model.settings };
   renderFigures(v.figures, model.totals);
   v.count.textContent = runningCount(model.totals);
-  v.settings.textContent = settingsText(model.settings);
+  v.settings.textContent = (model.state === "closed" ? "This room is closed: nobody can send. " : "") + settingsText(model.settings);
   v.settings.dataset.settings = model.settings ? JSON.stringify(model.settings) : "";
   if (v.parts.has("strip")) renderStrip(v, model, opts);
   if (v.parts.has("table")) v.table.replaceChildren(requestTable(visibleRequests(model.requests), colours, mine));
