@@ -61,6 +61,8 @@ def websocket(ws):
     rooms = current_app.extensions.get("sendlens_rooms")
     cookies = dict(request.cookies)
     member = rooms.member_of(cookies, request.args.get("room")) if rooms else None   # (room, name) or None
+    if member is not None:                  # counted as the room's seat, not against the address
+        address = f"room {member[0].code}"
     refused = runtime.open_connection(address, per_address=member is None)
     if refused:
         ws.send(json.dumps(ProtocolError("overloaded", refused, "connections").as_message()))

@@ -131,3 +131,21 @@ def test_settings_are_checked_by_name():
         assert err.value.param == param
     assert updated(s, {"scheduling": "static"}, 64).changes_engine(s)
     assert not updated(s, {"paused": True, "max_tokens": 3}, 64).changes_engine(s)
+
+
+def test_an_idle_engine_is_stopped_and_the_next_request_starts_another(base):
+    from app.rooms.room import ENGINE_IDLE_S
+    room = make_room()
+    ids = base.tokenizer.encode(PASSAGE)[:8]
+    try:
+        run(room, base, [("Ada", 2)], [ids])
+        engine = room.engine
+        room.tick(time.monotonic())
+        assert room.engine is engine and engine.loop.alive
+        room.tick(time.monotonic() + ENGINE_IDLE_S + 1)
+        assert room.engine is None and not engine.loop.alive
+        run(room, base, [("Grace", 2)], [ids])
+        assert room.engine.generation == engine.generation + 1
+        assert [s["step"] for s in room.steps] == list(range(room.num_steps))
+    finally:
+        room.close()

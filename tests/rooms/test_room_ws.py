@@ -193,3 +193,38 @@ def test_a_restart_keeps_the_room_its_members_records_and_steps(tiny_loaded, tmp
         ws.close()
     finally:
         second.stop()
+
+
+def test_students_count_against_the_rooms_seats_not_their_address(tiny_loaded, tmp_path):
+    server = start(tiny_loaded, tmp_path / "rooms.sqlite3", max_connections_per_address=2)
+    clients = []
+    try:
+        code, _ = new_room(server)
+        clients = [RoomWS(server.ws, join(server, code, f"s{i}")) for i in range(4)]
+        assert all(ws.hello["type"] == "hello" for ws in clients)
+        stranger = [RoomWS(server.ws, {}) for _ in range(3)]
+        clients.extend(stranger)
+        assert [ws.hello["type"] for ws in stranger] == ["hello", "hello", "error"]
+        assert stranger[2].hello["code"] == "overloaded"
+    finally:
+        for ws in clients:
+            ws.close()
+        server.stop()
+
+
+def test_an_idle_room_closes_and_then_answers_like_an_unknown_one(tiny_loaded, tmp_path):
+    server = start(tiny_loaded, tmp_path / "rooms.sqlite3", room_idle_close_s=60)
+    try:
+        code, presenter = new_room(server)
+        room = server.rooms.get(code)
+        server.rooms.housekeep()
+        assert server.rooms.get(code) is room
+        room.last_active -= 61
+        server.rooms.housekeep()
+        assert request(server, "GET", f"/room/{code}")[0] == 404
+        assert request(server, "POST", f"/room/{code}/join", form={"display_name": "Ada"})[0] == 404
+        assert server.rooms.store.room(code)["state"] == "closed"
+        status, _, body = request(server, "GET", f"/room/{code}/export", cookies=presenter)
+        assert status == 200 and json.loads(body)["room"]["state"] == "closed"
+    finally:
+        server.stop()
