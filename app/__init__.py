@@ -4,7 +4,7 @@
 
 Flask's application-factory pattern: the factory builds the config, starts the one engine
 (runtime.init_app) and registers the blueprints: pages (/ and /healthz), embeds (/embed/<name>),
-live (/ws), assets (/vendor/...) and benchmark (/benchmark); text responses go out gzipped
+live (/ws), assets (/vendor/...), benchmark (/benchmark) and the classroom rooms (/room/...); text responses go out gzipped
 (compress).
 """
 
@@ -28,9 +28,10 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     # come from our own writer thread (live.py): the library's would race our frames.
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": None, "max_message_size": 16 * cfg.max_message_bytes}
 
-    from . import assets, benchmark, compress, embeds, live, pages, runtime, security
+    from . import assets, benchmark, compress, embeds, live, pages, rooms, runtime, security
 
-    runtime.init_app(app, loaded)
+    rt = runtime.init_app(app, loaded)
+    rooms.init_app(app, cfg, rt)
     security.init_app(app, cfg)
     compress.init_app(app)
     app.register_blueprint(pages.bp)

@@ -25,8 +25,9 @@ import queue
 import socket
 import threading
 import time
+from collections import ChainMap
 
-from flask import Blueprint, request
+from flask import Blueprint, current_app, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from wsproto.events import Ping
@@ -36,8 +37,12 @@ from core.errors import EngineOverloaded, InvalidParameter
 from . import protocol
 from .jobs import Event
 from .protocol import ProtocolError
+from .rooms import messages as room_messages
 from .runtime import Runtime, get_runtime
-from .widgets import MESSAGE_TYPES
+from .widgets import MESSAGE_TYPES as WIDGET_TYPES
+
+# the widgets' message types, then the rooms' (a live view: a test may add a type to the widgets')
+MESSAGE_TYPES = ChainMap(WIDGET_TYPES, {m.type: m for m in room_messages.MESSAGES})
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +58,17 @@ POLL_S = 1.0               # the reader wakes this often to check for idleness, 
 def websocket(ws):
     runtime = get_runtime()
     address = request.remote_addr or "?"
-    refused = runtime.open_connection(address)
+    rooms = current_app.extensions.get("sendlens_rooms")
+    cookies = dict(request.cookies)
+    member = rooms.member_of(cookies, request.args.get("room")) if rooms else None   # (room, name) or None
+    if member is not None:                  # counted as the room's seat, not against the address
+        address = f"room {member[0].code}"
+    refused = runtime.open_connection(address, per_address=member is None)
     if refused:
         ws.send(json.dumps(ProtocolError("overloaded", refused, "connections").as_message()))
         return
     try:
-        Connection(ws, runtime).serve()
+        Connection(ws, runtime, rooms, cookies, member).serve()
     finally:
         runtime.close_connection(address)
 
@@ -103,13 +113,19 @@ class Call:
 
 
 class Connection:
-    def __init__(self, ws, runtime: Runtime):
+    def __init__(self, ws, runtime: Runtime, rooms=None, cookies=None, member=None):
+        """rooms: the rooms' registry; cookies: the handshake's; member: (room, display name) when
+        the handshake carried a room's student cookie (its generate requests run in that room)."""
         self.ws = ws
         self.runtime = runtime
+        self.rooms = rooms
+        self.cookies = cookies or {}
+        self.member = member
         self.config = runtime.config
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # JSON texts for the writer, or None to stop
         self.outbox_bytes = 0                  # bytes queued and not yet sent
         self.requests: dict[object, str] = {}  # client id -> engine request id
+        self.loops: dict[object, object] = {}  # client id -> the EngineLoop of a room request (else the server's)
         self.request_tokens: dict[object, int] = {}  # client id -> its prompt tokens
         self.jobs: set[object] = set()         # client ids of jobs in flight
         self.lock = threading.Lock()
@@ -184,14 +200,16 @@ class Connection:
 
     def _abort_all(self) -> None:
         with self.lock:
-            leftover = list(self.requests.values())   # each is popped when its done arrives
-            self.jobs.clear()
-        for request_id in leftover:
-            self.runtime.loop.abort(request_id)
+            leftover = [(self.loops.get(mid, self.runtime.loop), rid) for mid, rid in self.requests.items()]
+            self.jobs.clear()               # each request is popped when its done arrives
+        for loop, request_id in leftover:
+            loop.abort(request_id)
         self.runtime.jobs.cancel_owner(self)
 
     def close(self) -> None:
         self.closed = True
+        if self.rooms is not None:
+            self.rooms.unwatch(self)
         self._abort_all()
         self.outbox.put(None)
         self.writer.join(timeout=5)
@@ -239,10 +257,11 @@ class Connection:
     def abort(self, mid) -> None:
         with self.lock:
             request_id = self.requests.get(mid)
+            loop = self.loops.get(mid, self.runtime.loop)
             is_job = mid in self.jobs
             self.jobs.discard(mid)
         if request_id is not None:
-            self.runtime.loop.abort(request_id)      # the stream ends with done, finish_reason abort
+            loop.abort(request_id)                   # the stream ends with done, finish_reason abort
         elif is_job:
             self.runtime.jobs.cancel(self, mid)
             self.send(ProtocolError("aborted", "the job was aborted", None, mid).as_message())
@@ -274,8 +293,24 @@ class Connection:
     def start_request(self, call: Call, prompt, params, format_output, accepted) -> None:
         """Admit and enqueue one engine request: the engine's queue limits and the prompt's checks
         (EngineLoop.prepare), then this connection's limits, in that order, once."""
+        if self.member is not None:             # a room's student: the room's rules and engine
+            room, student = self.member
+            return room_messages.start_request(self, room, student, call, prompt, params, format_output, accepted)
         mid = call.id
         seq = self.runtime.loop.prepare(prompt, params)
+        self.hold_request(mid, seq)
+        if accepted is not None:
+            self.send({"type": "accepted", "id": mid, **accepted(seq)})  # before any output can be queued
+
+        def listener(out) -> None:  # on the engine loop's thread: only queue it
+            self.release_request(mid, out)
+            for message in format_output(mid, out):
+                self.send(message)
+        self.runtime.loop.enqueue(seq, listener)
+
+    def hold_request(self, mid, seq, loop=None) -> None:
+        """Count a request in against this connection's limits (overloaded past them); loop: the
+        room engine's EngineLoop that runs it, if not the server's."""
         with self.lock:
             if len(self.requests) >= self.config.max_requests_per_connection:
                 raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
@@ -289,17 +324,16 @@ class Connection:
                                     "connection")
             self.requests[mid] = seq.request_id
             self.request_tokens[mid] = seq.num_prompt_tokens
-        if accepted is not None:
-            self.send({"type": "accepted", "id": mid, **accepted(seq)})  # before any output can be queued
+            if loop is not None:
+                self.loops[mid] = loop
 
-        def listener(out) -> None:  # on the engine loop's thread: only queue it
-            if out.finished:
-                with self.lock:
-                    self.requests.pop(mid, None)
-                    self.request_tokens.pop(mid, None)
-            for message in format_output(mid, out):
-                self.send(message)
-        self.runtime.loop.enqueue(seq, listener)
+    def release_request(self, mid, out) -> None:
+        """An output of a held request: once finished, it no longer counts."""
+        if out.finished:
+            with self.lock:
+                self.requests.pop(mid, None)
+                self.request_tokens.pop(mid, None)
+                self.loops.pop(mid, None)
 
     # -- writing (the writer thread) ---------------------------------------------------------
     def _write(self) -> None:

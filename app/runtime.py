@@ -43,8 +43,10 @@ class Runtime:
         """For validation and tokenizing only (thread-safe parts); state is read via the loop."""
         return self.loop.engine
 
-    def open_connection(self, address: str) -> str | None:
-        """Count a new websocket in; None if it may stay, else why not (it is then closed)."""
+    def open_connection(self, address: str, per_address: bool = True) -> str | None:
+        """Count a new websocket in; None if it may stay, else why not (it is then closed).
+        per_address False: a room's student, who counts against the room's seats instead
+        (a classroom shares one address)."""
         c = self.config
         with self._count_lock:
             if self.stopping.is_set():
@@ -52,7 +54,7 @@ class Runtime:
             if self.num_connections >= c.max_connections:
                 return (f"the server already has {c.max_connections} connections (max_connections); "
                         "try again shortly")
-            if self._by_address[address] >= c.max_connections_per_address:
+            if per_address and self._by_address[address] >= c.max_connections_per_address:
                 return (f"{c.max_connections_per_address} connections are already open from your address "
                         "(max_connections_per_address); close some tabs")
             self.num_connections += 1

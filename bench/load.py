@@ -2,16 +2,22 @@
 
     python -m bench.load --clients 50 --seconds 60            # against http://127.0.0.1:8000
     python -m bench.load --clients 30 --seconds 20 --drop     # ... each dropping its TCP connection mid-answer
+    python -m bench.load --clients 40 --seconds 60 --room K7QX2M9A   # 40 students join a room and chat in it
 
 Each client sends a chat request, reads the stream to `done`, and sends the next, until the time
 is up (then it finishes the answer in flight). Reported, in vLLM's serving-benchmark terms:
 requests sent and completed, errors by code, lost requests (no `done` and no error), TTFT and
 TPOT p50/p99 as the client saw them, output tokens/s; and from the server's /healthz before and
-after: KV free blocks, connections, the process's RSS and threads. Loopback only by default:
+after: KV free blocks, connections, the process's RSS and threads. With `--room CODE` (a room
+opened at /room/new), each client first joins the room over HTTP as a student (its cookie then
+rides the websocket handshake, so its requests run on the room's engine), and one more
+connection watches the room as the first student does and counts the `room_update`s pushed to
+it (the presenter's update rate). Loopback only by default:
 `--url` must name this machine (a load test never leaves it).
 """
 
 import argparse
+import http.client
 import json
 import random
 import socket
@@ -72,10 +78,41 @@ def healthz(base: str) -> dict:
         return json.load(resp)
 
 
-def client_loop(url: str, deadline: float, max_tokens: int, drop: bool, tally: Tally, seed: int) -> None:
+def join_room(base: str, code: str, name: str) -> dict:
+    """Join a room as a student over HTTP: -> the cookie to send with the websocket handshake."""
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", f"/room/{code}/join", body=f"display_name={name}",
+                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    if resp.status != 303:
+        raise RuntimeError(f"joining room {code} as {name} answered {resp.status}")
+    cookie = resp.getheader("Set-Cookie").split(";")[0]
+    return {"Cookie": cookie}
+
+
+def watch_room(url: str, code: str, headers: dict, deadline: float, counts: dict) -> None:
+    """Count the room_update messages one watcher is sent until the deadline."""
+    try:
+        ws = Client.connect(url, headers=headers)
+        ws.receive(30)                                 # hello
+        ws.send(json.dumps({"type": "room_watch", "id": "watch", "room": code}))
+        while time.monotonic() < deadline:
+            raw = ws.receive(1.0)
+            if raw and json.loads(raw).get("type") == "room_update":
+                counts["updates"] += 1
+        ws.close()
+    except Exception:
+        counts["failed"] = True
+
+
+def client_loop(url: str, deadline: float, max_tokens: int, drop: bool, tally: Tally, seed: int,
+                headers: dict | None = None) -> None:
     rng = random.Random(seed)
     try:
-        ws = Client.connect(url)
+        ws = Client.connect(url, headers=headers)
     except Exception:
         tally.error("connect_failed")
         return
@@ -139,15 +176,19 @@ def client_loop(url: str, deadline: float, max_tokens: int, drop: bool, tally: T
             pass
 
 
-def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool) -> dict:
+def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool, room: str | None = None) -> dict:
     parts = urlsplit(url)
     base = f"http://{parts.netloc}"
     before = healthz(base)
     tally = Tally()
+    seats = [join_room(base, room, f"student-{i + 1}") for i in range(clients)] if room else [None] * clients
+    watched = {"updates": 0, "failed": False}
     deadline = time.monotonic() + seconds
     t0 = time.monotonic()
-    threads = [threading.Thread(target=client_loop, args=(url, deadline, max_tokens, drop, tally, i), daemon=True)
-               for i in range(clients)]
+    threads = [threading.Thread(target=client_loop, args=(url, deadline, max_tokens, drop, tally, i, seats[i]),
+                                daemon=True) for i in range(clients)]
+    if room:
+        threads.append(threading.Thread(target=watch_room, args=(url, room, seats[0], deadline, watched), daemon=True))
     for t in threads:
         t.start()
         time.sleep(0.02)                               # a classroom does not press Send in one microsecond
@@ -162,7 +203,8 @@ def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool) -> 
         after = healthz(base)
     ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
     return {
-        "url": url, "clients": clients, "seconds": seconds, "max_tokens": max_tokens, "drop": drop,
+        "url": url, "clients": clients, "seconds": seconds, "max_tokens": max_tokens, "drop": drop, "room": room,
+        "room_updates_per_s": round(watched["updates"] / seconds, 2) if room and not watched["failed"] else None,
         "wall_s": round(wall, 1), "sent": tally.sent, "completed": tally.completed, "lost": tally.lost,
         "dropped": tally.dropped, "errors": tally.errors,
         "output_tokens_per_s": round(tally.output_tokens / wall, 1),
@@ -181,6 +223,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--drop", action="store_true", help="each client drops its TCP connection mid-answer")
+    p.add_argument("--room", help="a room's code: each client joins it as a student and chats in it")
     p.add_argument("--json", help="also write the report to this file")
     args = p.parse_args(argv)
     host = urlsplit(args.url).hostname
@@ -188,7 +231,7 @@ def main(argv=None) -> int:
         p.error(f"--url must be on this machine ({', '.join(sorted(LOOPBACK))}); got {host!r}")
     if not 1 <= args.clients <= MAX_CLIENTS or not 0 < args.seconds <= MAX_SECONDS:
         p.error(f"--clients must be 1..{MAX_CLIENTS} and --seconds 0..{MAX_SECONDS}")
-    report = run(args.url, args.clients, args.seconds, args.max_tokens, args.drop)
+    report = run(args.url, args.clients, args.seconds, args.max_tokens, args.drop, args.room)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
