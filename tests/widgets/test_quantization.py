@@ -15,6 +15,11 @@ QUANT = '[data-widget="quantization"]'
 TEXT = "The capital of France is Paris, and the capital of Italy is"
 FORMATS = ("fp32", "bf16", "q8_0", "q4_1")
 KEYS = ("weight_bytes", "decode_tokens_per_s", "top5_agreement", "kl", "perplexity")
+FIGURES = ("weight_bytes_fp32", "weight_bytes_bf16", "weight_bytes_q8_0", "weight_bytes_q4_1",
+           "decode_tokens_per_s_fp32", "decode_tokens_per_s_bf16", "decode_tokens_per_s_q8_0", "decode_tokens_per_s_q4_1",
+           "top5_agreement_fp32", "top5_agreement_bf16", "top5_agreement_q8_0", "top5_agreement_q4_1",
+           "kl_fp32", "kl_bf16", "kl_q8_0", "kl_q4_1",
+           "perplexity_fp32", "perplexity_bf16", "perplexity_q8_0", "perplexity_q4_1")   # the issue's contract
 
 # Held-out perplexity of each format over fp32's, at most (the real model's test). Measured on
 # 2026-12-03 (python -m app on smollm2-135m): see PERPLEXITY_BOUND_REASONS for why each bound holds
@@ -123,12 +128,11 @@ def test_quantization_page_is_ready_with_every_figure_badged_and_keyed(pg, real_
     pg.goto(f"/embed/quantization{query}")
     wait_ready(page, QUANT, 900_000)
     r = real_ws.job("quantization", timeout=900, text=TEXT)             # the page's job, from the cache
-    for f in FORMATS:
-        for key in KEYS:
-            name = f"{key}_{f}"
-            assert figure_value(page, name) == pytest.approx(r[name], rel=1e-9), name
-            badged = page.locator(f'{QUANT} figure:has([data-figure="{name}"]) .badge')
-            assert badged.count() >= 1, f"{name} has no badge"
+    assert set(FIGURES) == {f"{key}_{f}" for key in KEYS for f in FORMATS}
+    for name in FIGURES:
+        assert figure_value(page, name) == pytest.approx(r[name], rel=1e-9), name
+        badged = page.locator(f'{QUANT} figure:has([data-figure="{name}"]) .badge')
+        assert badged.count() >= 1, f"{name} has no badge"
     assert figure_value(page, "top5_agreement_fp32") == 1 and figure_value(page, "kl_fp32") == 0
     assert page.locator(f"{QUANT} .quant-column").count() == 4
     assert page.locator(f"{QUANT} .quant-tokens .quant-chosen").get_attribute("data-index") == "3"

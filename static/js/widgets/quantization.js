@@ -25,13 +25,15 @@ const OPTIONS = {
   position: { type: "int", default: -1, min: -1, max: 100000 },
 };
 
-// The table's columns: [heading, figure key prefix, format(value)].
+// The table's columns: [heading, the figure keys of its cells in FORMATS' order (docs/widgets.md), format(value)].
 const COLUMNS = [
-  ["weight bytes", "weight_bytes", (x) => fmtBytes(x)],
-  ["decode tokens/s", "decode_tokens_per_s", (x) => fmtNum(x, 3)],
-  ["top-5 agreement", "top5_agreement", (x) => fmtPct(x)],
-  ["KL from fp32 (nats)", "kl", (x) => (x === 0 ? "0" : x.toExponential(2))],
-  ["perplexity", "perplexity", (x) => fmtNum(x, 4)],
+  ["weight bytes", ["weight_bytes_fp32", "weight_bytes_bf16", "weight_bytes_q8_0", "weight_bytes_q4_1"], (x) => fmtBytes(x)],
+  ["decode tokens/s", ["decode_tokens_per_s_fp32", "decode_tokens_per_s_bf16", "decode_tokens_per_s_q8_0",
+    "decode_tokens_per_s_q4_1"], (x) => fmtNum(x, 3)],
+  ["top-5 agreement", ["top5_agreement_fp32", "top5_agreement_bf16", "top5_agreement_q8_0", "top5_agreement_q4_1"],
+    (x) => fmtPct(x)],
+  ["KL from fp32 (nats)", ["kl_fp32", "kl_bf16", "kl_q8_0", "kl_q4_1"], (x) => (x === 0 ? "0" : x.toExponential(2))],
+  ["perplexity", ["perplexity_fp32", "perplexity_bf16", "perplexity_q8_0", "perplexity_q4_1"], (x) => fmtNum(x, 4)],
 ];
 
 const VIEW = { machineLine: "p.note.machine", serving: "p.quant-serving", tableNote: "p.note", chooser: "div.quant-tokens",
@@ -60,9 +62,10 @@ function headRow() {
 }
 
 function formatRow(r, row) {
-  const cells = COLUMNS.map(([, key, show]) => {
-    const value = r[`${key}_${row.format}`];
-    return el("td", {}, [el("span", { "data-figure": `${key}_${row.format}`, "data-value": String(value), text: show(value) })]);
+  const i = FORMATS.indexOf(row.format);
+  const cells = COLUMNS.map(([, keys, show]) => {
+    const value = r[keys[i]];
+    return el("td", {}, [el("span", { "data-figure": keys[i], "data-value": String(value), text: show(value) })]);
   });
   const served = row.format === r.serving_format;
   return el("tr", { class: served ? "quant-served" : null }, [
