@@ -43,7 +43,7 @@ def target(name: str, measured: float | None, goal: float, how: str) -> dict:
 
 # The weights each system reads a decode step: a peer's are the same tensors in the same format as
 # one of ours (transformers' fp32 and bf16 models, llama.cpp's Q4_1 file with its Q8_0 head).
-SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q4_1": "ours q4_1",
+SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q8_0": "ours q8_0", "ours q4_1": "ours q4_1",
               "transformers fp32": "ours fp32", "transformers bf16": "ours bf16",
               "llama.cpp Q4_1": "ours q4_1"}
 
