@@ -54,8 +54,9 @@ def kv_eviction(call) -> None:
 
 
 def long_text(engine) -> list[int]:
-    """LONG_TOKENS tokens of the held-out text, within the model's context window."""
-    return held_out_ids(engine.view.tokenizer)[:min(LONG_TOKENS, engine.view.max_model_len)]
+    """LONG_TOKENS tokens of the held-out text, within the model's context window (the model reads
+    it as one sequence without the engine's KV pool, so the pool's size does not bound it)."""
+    return held_out_ids(engine.view.tokenizer)[:min(LONG_TOKENS, engine.view.model_config.max_position_embeddings)]
 
 
 def perplexity_in_slices(model, ids: list[int], eviction: Eviction):
