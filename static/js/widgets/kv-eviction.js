@@ -83,7 +83,7 @@ function renderChart(v, r) {
 
 function renderNotes(v, r) {
   const last = r.rows[r.rows.length - 1], first = r.rows[0];
-  v.chartNote.textContent = `Perplexity of ${fmtNum(r.tokens)} held-out tokens (${r.text}) in one sequence. With a window of `
+  v.chartNote.textContent = `Perplexity of ${fmtNum(r.tokens)} held-out tokens (${r.text}). With a window of `
     + `${first.window} tokens alone it is ${fmtNum(first.perplexity_nosink, 4)}; keeping the first ${r.sinks} tokens as well brings it to `
     + `${fmtNum(first.perplexity, 4)}, against ${fmtNum(r.perplexity_full, 4)} with every key. At ${last.window} tokens: `
     + `${fmtNum(last.perplexity_nosink, 4)} and ${fmtNum(last.perplexity, 4)}.`;
