@@ -14,7 +14,7 @@ const WINDOWS = [32, 64, 128, 256, 512];
 
 // Options from the URL (docs/widgets.md).
 const OPTIONS = {
-  windows: { type: "string", default: "64,128,256,512", maxLength: 40 },
+  windows: { type: "string", default: "64,256", maxLength: 40 },
   sinks: { type: "int", default: 4, min: 1, max: 16 },
 };
 
