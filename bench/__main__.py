@@ -32,10 +32,10 @@ import torch  # noqa: E402
 for _name in OMP_DEFAULTS_SET:  # torch's libgomp has read them; llama.cpp's has not
     os.environ.pop(_name, None)
 
-from . import limits, report  # noqa: E402
+from . import limits, quality, report  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FORMATS = ("fp32", "bf16", "q4_1")
+FORMATS = ("fp32", "bf16", "q8_0", "q4_1")
 
 
 def busy() -> None:
@@ -138,6 +138,8 @@ def run(args) -> dict:
         for entry in scenario.values():
             summarize(entry)
     decode_bytes = {s.name: s.weight_bytes_per_token for s in systems if hasattr(s, "weight_bytes_per_token")}
+    print("  quantization table: held-out perplexity, top-5 agreement and KL per format", flush=True)
+    quantization = quality.quantization_table(systems)
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads,
@@ -149,6 +151,7 @@ def run(args) -> dict:
         "duration_s": time.perf_counter() - started,
         "limits": machine_limits,
         "weight_bytes_per_token": decode_bytes,
+        "quantization": quantization,
         "missing": missing,
         "results": results,
     }

@@ -14,7 +14,7 @@ ROWS = [
     ("serve_32", "decode, 32 requests (output tok/s, all)"),
     ("serve_64", "decode, 64 requests (output tok/s, all)"),
 ]
-OURS = ("ours fp32", "ours bf16", "ours q4_1")
+OURS = ("ours fp32", "ours bf16", "ours q8_0", "ours q4_1")
 PEERS = ("transformers fp32", "transformers bf16", "llama.cpp Q4_1")
 
 
@@ -43,7 +43,7 @@ def target(name: str, measured: float | None, goal: float, how: str) -> dict:
 
 # The weights each system reads a decode step: a peer's are the same tensors in the same format as
 # one of ours (transformers' fp32 and bf16 models, llama.cpp's Q4_1 file with its Q8_0 head).
-SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q4_1": "ours q4_1",
+SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q8_0": "ours q8_0", "ours q4_1": "ours q4_1",
               "transformers fp32": "ours fp32", "transformers bf16": "ours bf16",
               "llama.cpp Q4_1": "ours q4_1"}
 
@@ -140,6 +140,7 @@ def markdown(data) -> str:
         measured = "—" if t["measured"] is None else f"{t['measured']:.2f}x"
         met = "—" if t["met"] is None else ("yes" if t["met"] else "no")
         lines.append(f"| {t['target']} | {measured} | {t['goal']}x | {met} | {t['how']} |")
+    lines += quantization_lines(data)
     shares = bandwidth_shares(data)
     if shares:
         lines.append("\nDecode alone as a share of the bandwidth limit for the bytes each system reads a step: "
@@ -147,6 +148,25 @@ def markdown(data) -> str:
     for name, why in data.get("missing", {}).items():
         lines.append(f"\n{name}: not measured, {why}.")
     return "\n".join(lines)
+
+
+def quantization_lines(data) -> list[str]:
+    """The quantization table (bench/quality.py) of the same run, one column per format."""
+    q = data.get("quantization") or {}
+    table = q.get("formats")
+    if not table:
+        return []
+    fmts = list(table)
+    decode = [value(data, "decode_1", f"ours {f}") for f in fmts]
+    rows = [("weights a decode step reads (MB)", [f"{table[f]['weight_bytes'] / 1e6:.0f}" for f in fmts]),
+            ("decode, one request (tok/s)", [fmt_value(v) for v in decode]),
+            ("top-5 agreement with fp32", [f"{table[f]['top5_agreement']:.3f}" for f in fmts]),
+            ("KL(fp32 ‖ format), nats per token", [f"{table[f]['kl']:.2e}" for f in fmts]),
+            ("held-out perplexity", [f"{table[f]['perplexity']:.3f}" for f in fmts])]
+    out = ["", f"Quantization, the same run: our engine in each format on {q['positions']:,} held-out positions "
+               f"({q['held_out']} of {q['text']}).", "",
+           "| | " + " | ".join(fmts) + " |", "|---|" + "---|" * len(fmts)]
+    return out + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
 
 
 def write_readme(table: str, path: Path = README) -> None:

@@ -61,6 +61,7 @@ class WeightFormat(str, Enum):
     FP32 = "fp32"   # the reference: fp32 weights (the engine's kernel; oneDNN or MKL without it)
     BF16 = "bf16"   # bfloat16 weights, fp32 accumulation (oneDNN with AVX-512 BF16, else the engine's kernel)
     Q4_1 = "q4_1"   # the GGUF's own 4-bit groups, the engine's kernel (AVX-512 BF16 or AVX2) or PyTorch's int4
+    Q8_0 = "q8_0"   # llama.cpp's 8-bit groups of 32 (w = d*q), the engine's Q8_0 kernel (AVX2) or two int4 halves
 
 
 class Scheduling(str, Enum):
@@ -86,10 +87,12 @@ class EngineConfig:
                                           # run on)
     share_cpu: bool = True                # before each step, use only the cores other processes leave free
                                           # (cpu_share.py); False: num_threads (if set) all the time
-    weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16 or q4_1 (fastest)
+    weight_format: WeightFormat = WeightFormat.FP32  # fp32 (reference), bf16, q8_0 or q4_1 (fastest)
     native: bool = True                   # the layers of a step in C++ (model/native_decoder.py): the same operations and
                                           # bits as model.py, less Python; False, or no compiler: Python
-    lm_head_candidates: int = 64          # bf16/q4_1: top logits recomputed exactly in fp32
+    kv_sink_tokens: int = 0               # KV eviction (StreamingLLM): the first tokens every query keeps seeing
+    kv_window: int = 0                    # ... plus its last kv_window tokens; 0: full attention (see attention.py)
+    lm_head_candidates: int = 64          # bf16/q8_0/q4_1: top logits recomputed exactly in fp32
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets
     seed: int = 0                         # seeds the generators of unseeded sampling requests
     cache_dir: str | None = None          # converted weights and tokenizer; None: ~/.cache/sendlens
@@ -112,6 +115,13 @@ class EngineConfig:
         if not is_int(self.chunk_context_tokens) or self.chunk_context_tokens < 0:
             raise InvalidParameter("chunk_context_tokens", f"must be a non-negative integer (0: off), "
                                    f"got {self.chunk_context_tokens!r}")
+        for name in ("kv_sink_tokens", "kv_window"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise InvalidParameter(name, f"must be a non-negative integer (0: off), got {value!r}")
+        if self.kv_sink_tokens and not self.kv_window:
+            raise InvalidParameter("kv_sink_tokens", "keeps tokens beside a sliding window: set kv_window too "
+                                                     f"(kv_sink_tokens is {self.kv_sink_tokens}, kv_window 0)")
         for name in ("share_cpu", "native"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameter(name, f"must be true or false, got {getattr(self, name)!r}")

@@ -195,19 +195,20 @@ def softmax_sum_bound(n: int) -> float:
     return 2 * (2 * gamma(n) + 5 * U32)
 
 
-def attention_f32_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_f32_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Elementwise bound on |fl32(causal attention) - exact| for q (T, H, D), k, v (T, Hkv, D),
     query head h reading KV head h // (H / Hkv), scores scaled by 1/sqrt(D): (T, H, D) float64.
     Scores: err_s <= gamma_{D+1} |q||k| / sqrt(D) (the dot product and the scale). Softmax: a
     score error moves p_j by at most p_j (|err_s_j| + sum_i p_i |err_s_i|) <= 2 p_j max_i err_s_i,
     and its own roundings (max, exp, sum of T, divide) by (gamma_T + 6u) p_j. Output: sum_j p_j v_j,
     whose roundings add gamma_T sum_j p_j |v_j|. Any order of the sums (SDPA, the engine's kernel,
-    AVX2 or AVX-512). To first order; doubled for the rest."""
+    AVX2 or AVX-512). To first order; doubled for the rest. mask: (T, T) True where a query sees a
+    key (KV eviction's; causal by default): fewer keys only shorten the sums, gamma_T still bounds them."""
     T, H, D = q.shape
     group = H // k.shape[1]
     qd = q.double()
     kd, vd = (t.double().repeat_interleave(group, dim=1) for t in (k, v))   # (T, H, D)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch.ones(T, T, dtype=torch.bool).tril() if mask is None else mask
     scores = torch.einsum("qhd,khd->hqk", qd, kd) / math.sqrt(D)
     p = scores.masked_fill(~mask, float("-inf")).softmax(-1)                 # (H, T, T)
     err_s = gamma(D + 1) * torch.einsum("qhd,khd->hqk", qd.abs(), kd.abs()) / math.sqrt(D)

@@ -19,6 +19,7 @@ from conftest import Page, wait_ready
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
 BUILT = sorted(BY_NAME)
+SLOW_WIDGETS = {"quantization": 600_000, "kv-eviction": 600_000}   # as test_browser: first jobs take minutes
 BLOCKING = {"serious", "critical"}
 AXE = Axe()
 STEP = '[data-widget="generation"] button.gen-step'
@@ -55,7 +56,7 @@ def all_ready(pg) -> None:
     pg.goto("/")
     for name in BUILT:   # widgets mount when scrolled near: bring each into view
         page.locator(f'[data-widget="{name}"]').scroll_into_view_if_needed()
-        wait_ready(page, f'[data-widget="{name}"]', 120_000)
+        wait_ready(page, f'[data-widget="{name}"]', SLOW_WIDGETS.get(name, 120_000))
     page.evaluate("() => window.scrollTo(0, 0)")
 
 
@@ -70,7 +71,7 @@ def test_walkthrough_with_every_widget_ready(page_for, artifacts_dir):
 def test_embed(page_for, artifacts_dir, name):
     pg = page_for()
     assert pg.goto(f"/embed/{name}").status == 200
-    wait_ready(pg.page, f'[data-widget="{name}"]', 120_000)
+    wait_ready(pg.page, f'[data-widget="{name}"]', SLOW_WIDGETS.get(name, 120_000))
     assert audit(pg.page, f"embed-{name}", artifacts_dir) == []
     pg.assert_clean()
 

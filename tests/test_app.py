@@ -37,7 +37,7 @@ OUTLINE = [
     (17, "Tensor parallelism", ("tensor-parallel",)),
     (18, "Pipeline parallelism", ("pipeline",)),
     (19, "Mixture of experts", ("moe",)),
-    (20, "Efficiency tricks", ("quantization", "speculative")),
+    (20, "Efficiency tricks", ("quantization", "kv-eviction", "speculative")),
     (21, "Optimize the metric you care about", ("slo",)),
     (22, "Why a giant MoE is cheap at scale and dear for one user", ("economics",)),
     (23, "The mental model to keep", ()),

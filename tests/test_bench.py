@@ -135,3 +135,32 @@ def test_markdown_table_and_readme_section(tmp_path):
     readme.write_text("no markers")
     with pytest.raises(ValueError):
         report.write_readme(table, readme)
+
+
+def test_the_quantization_table_of_the_same_run():
+    data = fake_results()
+    data["quantization"] = {"text": "the docs", "held_out": "every 4th topic", "positions": 2048, "formats": {
+        "fp32": {"weight_bytes": 538e6, "perplexity": 14.9466, "top5_agreement": 1.0, "kl": 0.0},
+        "q4_1": {"weight_bytes": 96.4e6, "perplexity": 14.9444, "top5_agreement": 0.92, "kl": 1.9e-4}}}
+    lines = report.quantization_lines(data)
+    assert "| | fp32 | q4_1 |" in lines
+    assert "| weights a decode step reads (MB) | 538 | 96 |" in lines
+    assert "| decode, one request (tok/s) | 40.0 | 110 |" in lines       # the decode_1 row of the same run
+    assert "| held-out perplexity | 14.947 | 14.944 |" in lines
+    assert "\n".join(lines) in report.markdown({**data, "targets": report.targets(data)})
+    assert report.quantization_lines(fake_results()) == []                # a run without the table
+
+
+def test_the_quantization_table_reads_each_engines_model(make_tiny_engine):
+    """bench/quality.py on tiny engines standing in for the run's `ours <format>` systems."""
+    from types import SimpleNamespace
+
+    from bench.quality import quantization_table
+
+    systems = [SimpleNamespace(weight_format=f, engine=make_tiny_engine(weight_format=f)) for f in ("fp32", "q8_0")]
+    q = quantization_table(systems)
+    fp32, q8 = q["formats"]["fp32"], q["formats"]["q8_0"]
+    assert fp32["top5_agreement"] == 1.0 and fp32["kl"] == 0.0
+    assert 0.0 <= q8["top5_agreement"] <= 1.0 and q8["kl"] >= 0.0
+    assert fp32["weight_bytes"] > q8["weight_bytes"] and q["positions"] > 0
+    assert quantization_table(systems[1:]) == {}                          # no fp32 to compare with

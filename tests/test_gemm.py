@@ -39,7 +39,8 @@ def own(fmt: str, mark) -> list:
 PRODUCTS = (own("fp32", NO_F32_KERNEL) + [("fp32", ONEDNN, NATIVE), ("fp32", PLAIN, NATIVE)]
             + own("bf16", NO_F32_KERNEL) + [pytest.param("bf16", ONEDNN, NATIVE, marks=NO_BF16_PACKING),
                                            ("bf16", PLAIN, NATIVE)]
-            + own("q4_1", NO_Q4_KERNEL) + [("q4_1", PLAIN, NATIVE)])
+            + own("q4_1", NO_Q4_KERNEL) + [("q4_1", PLAIN, NATIVE)]
+            + own("q8_0", NO_Q8_KERNEL) + [("q8_0", PLAIN, NATIVE)])
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -78,6 +79,21 @@ def test_each_format_takes_the_fastest_product_here():
         PackedLinear("q4_1", torch.ones(16, 32), product=ONEDNN)
 
 
+def test_q8_0_takes_the_q8_0_kernel_or_the_int4_halves():
+    """The 8-bit format: the engine's Q8_0 kernel where it runs (AVX2, whole 16-column panels), a byte
+    a weight plus an fp16 scale per 32; else the two 4-bit halves on PyTorch's int4 kernel."""
+    kernel = bool(q4_kernel() and q4_kernel().q8_matmul_available())
+    assert products_here("q8_0", 64) == ([OWN] if kernel else []) + [PLAIN]
+    assert products_here("q8_0", 40) == [PLAIN]
+    layer = PackedLinear("q8_0", torch.randn(96, 64))
+    assert layer.product is (OWN if kernel else PLAIN) and layer.min_rows == 1
+    if kernel:
+        assert layer.nbytes == 96 * 64 + 96 * 2 * 2
+    assert len(PackedLinear("q8_0", torch.randn(96, 64), product=PLAIN).tensors) == 4
+    with pytest.raises(InvalidParameter, match="product"):
+        PackedLinear("q8_0", torch.ones(16, 32), product=ONEDNN)
+
+
 def test_the_q4_1_kernel_is_built_for_this_cpu():
     """q4_1 runs the engine's own kernel, for the best instruction set this CPU has."""
     flags = cpu_flags()
@@ -102,6 +118,8 @@ def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor
         return x.double(), w.double(), w.double(), 0.0, 0.0
     if fmt == "bf16":
         return rounded_to(x, torch.bfloat16), rounded_to(w, torch.bfloat16), rounded_to(w, torch.bfloat16), U_BF16, 0.0
+    if fmt == "q8_0":
+        return q8_0_operands(product, x, w)
     q, d, m = quantize_q4_1(w)
     groups = lambda t: t.double().repeat_interleave(32, 1)
     if product is OWN:
@@ -116,6 +134,29 @@ def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor
     return xs, wq, wabs, U_BF16, U_BF16 * (xs.abs() @ wq.abs().T)
 
 
+def q8_0_operands(product: Product, x: torch.Tensor, w: torch.Tensor):
+    """format_operands for q8_0: the Q8_0 weights d*q (exact in float64). The engine's kernel rounds
+    the activations to 16-bit integers per group of 32 (AVX2, as q4_1's: `extra`) and sums exactly
+    per group, then in fp32. The fallback splits q = 16*hi + lo (hi = q >> 4, lo = q & 15) into two
+    PyTorch int4 products, whose scales bf16(16d) and bf16(d) make the weights it stands for
+    (q >> 4) * bf16(16d) + (q & 15) * bf16(d), and rounds the activations, each half's result and
+    their sum to bfloat16: each half's rounding (u_bf16 * |half|) and the dequantized weights'
+    (u_bf16 * |x||w|, as q4_1's) go in `extra`, the sum's is the output rounding."""
+    q, d = quantize_q8_0(w)
+    groups = lambda t: t.double().repeat_interleave(32, 1)
+    if product is OWN:
+        wq = q.double() * groups(d)
+        step = (x.reshape(x.shape[0], -1, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double()
+        return x.double(), wq, wq, 0.0, step @ wq.abs().T
+    qi = q.to(torch.int32)
+    hi = (qi >> 4).double() * groups(rounded_to(16 * d, torch.bfloat16))
+    lo = (qi & 15).double() * groups(rounded_to(d, torch.bfloat16))
+    xs = rounded_to(x, torch.bfloat16)
+    wabs = hi.abs() + lo.abs()
+    extra = U_BF16 * (xs.abs() @ wabs.T) + U_BF16 * ((xs @ hi.T).abs() + (xs @ lo.T).abs())
+    return xs, hi + lo, wabs, U_BF16, extra
+
+
 @pytest.mark.parametrize("fmt,product,path", PRODUCTS)
 def test_every_format_computes_x_wt(fmt, product, path, monkeypatch):
     use_path(path, monkeypatch)
@@ -125,7 +166,7 @@ def test_every_format_computes_x_wt(fmt, product, path, monkeypatch):
     layer = PackedLinear(fmt, w, product=product)
     y = layer(x)
     assert y.shape == (7, 96) and layer.product is product
-    assert y.dtype == (torch.float32 if fmt == "fp32" or (fmt, product) == ("q4_1", OWN) else torch.bfloat16)
+    assert y.dtype == (torch.float32 if fmt == "fp32" or (fmt in ("q4_1", "q8_0") and product is OWN) else torch.bfloat16)
     # Derived bound (tests/bounds.py): the product computes xs @ ws.T, the activations and weights
     # as the format holds them, summed in fp32 in any order (gamma_n * |xs| @ |ws|.T, Higham 3.5),
     # the result rounded to its dtype once (u_out * |result|). The gap between xs @ ws.T and

@@ -10,7 +10,7 @@ from core.kernels import loader
 from core.model import native_decoder
 from core.model.linear import Product
 
-FORMATS = ["fp32", "bf16", "q4_1"]
+FORMATS = ["fp32", "bf16", "q4_1", "q8_0"]
 TEXT = "The quick brown fox jumps over the lazy dog, again and again."
 
 

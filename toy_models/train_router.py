@@ -62,6 +62,17 @@ class Settings:
 QUICK = Settings(calibration_tokens=256, eval_tokens=128, chunk_tokens=64, kmeans_iters=3, router_steps=20)
 
 
+def held_out_ids(tokenizer, s: Settings = Settings()) -> list[int]:
+    """The whole held-out text (every s.held_out_every-th documentation topic by name, joined) as
+    one token list: text_pieces cuts its evaluation pieces from it; the KV-eviction widget reads it
+    as one long sequence."""
+    import pydoc_data.topics as docs
+
+    names = sorted(docs.topics)
+    held = [n for i, n in enumerate(names) if i % s.held_out_every == s.held_out_every - 1]
+    return tokenizer.encode("\n\n".join(docs.topics[n] for n in held))
+
+
 def text_pieces(tokenizer, s: Settings):
     """-> (calibration pieces, held-out pieces, a description of the text), pieces as token lists."""
     import pydoc_data.topics as docs

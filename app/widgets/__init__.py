@@ -8,8 +8,8 @@ this list. A widget imports seam.py and base.py, never another widget (tests/wid
 """
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
-               kv_cache, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache, slo,
-               tensor_parallel, throughput_latency, tokenizer)
+               kv_cache, kv_eviction, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache,
+               quantization, slo, tensor_parallel, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -31,6 +31,8 @@ WIDGETS = [
     tensor_parallel.WIDGET,
     pipeline.WIDGET,
     moe.WIDGET,
+    quantization.WIDGET,
+    kv_eviction.WIDGET,
     slo.WIDGET,
     economics.WIDGET,
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from core.errors import InvalidParameter, is_int
-from core.model.attention import attend
+from core.model.attention import FULL, Eviction, attend
 from core.model.model import Transformer
 
 
@@ -50,7 +50,7 @@ ATTENTION_CELLS = 1 << 19    # query-key pairs x heads per slice of attention
 
 
 @torch.inference_mode()
-def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False):
+def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False, eviction: Eviction = FULL):
     """Run `ids` through the model in small slices: yields None after each slice of work and a
     LayerRecord when a block is done. A slice is at most ROWS tokens through a linear layer or
     ATTENTION_CELLS query-key pairs of attention, so a caller can pause between slices for
@@ -60,6 +60,8 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
     uncached path (norm, fused q/k/v, RoPE, causal `attend`, output projection, residual add;
     norm, MLP, residual add), with the attention split by query rows. attention: True keeps every
     layer's weights, a set of layer indices keeps some, False none (entropies are always kept).
+    eviction: the keys each query still sees (attention.Eviction; every earlier one by default).
+    Returns (to `yield from`) the residual stream after the last block (T, C), before the final norm.
     """
     cfg = model.config
     H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -78,7 +80,7 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
         rows = max(1, ATTENTION_CELLS // (T * H))
         for start in range(0, T, rows):
             end = min(T, start + rows)
-            mask = torch.arange(end)[None, :] <= positions[start:end, None]   # (Q, K) causal
+            mask = eviction.visible(positions[start:end, None], torch.arange(end)[None, :])  # (Q, K) causal
             out, w = attend(q[None, start:end], k[None, :end], v[None, :end], mask[None])
             y[start:end] = out[0]                                            # (Q, H, D)
             ent[:, start:end] = entropy(w[0])                                # (H, Q)
@@ -97,6 +99,7 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
         x = x + m
         yield LayerRecord(layer=i, q=q, k=k, q_raw=q_raw, k_raw=k_raw, attention=weights, entropy=ent,
                           attn_update=a.norm(dim=-1), mlp_update=m.norm(dim=-1), residual=x.norm(dim=-1))
+    return x
 
 
 def by_rows(linear, x: torch.Tensor):

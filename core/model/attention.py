@@ -21,6 +21,14 @@ sequence's keys and values, so a request gives the same bits alone, batched or c
 
 `attend` and `causal_attention` (the explicit softmax, with the attention weights) also serve the
 widgets that look inside the model (probes.py).
+
+KV eviction (StreamingLLM: Xiao et al., 2023, "Efficient Streaming Language Models with Attention
+Sinks"): an engine may keep only the first `sink_tokens` keys of a sequence plus a sliding window
+of its last `window` (Eviction). Both paths apply it as a mask on the scores: the evicted keys'
+blocks stay in the pool (nothing is freed), and a token keeps its own position for RoPE (StreamingLLM
+renumbers the positions inside the cache so that it can run past the context window; inside the
+window, as here, the model's own positions are the ones it was trained on). What the rule would
+keep in memory is (sink_tokens + window) tokens' keys and values per sequence: Eviction.kept_tokens.
 """
 
 import math
@@ -33,6 +41,33 @@ from core.model.kv_cache import KVCache
 from core.model.linear import MIN_GEMM_ROWS
 
 MIN_KEYS = 16  # fewer keys than this switch the score matmul's and the softmax's kernels
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """Which keys a query still sees: every one (window 0), or the first `sink_tokens` and the
+    last `window` up to its own position (query p sees key j when j < sink_tokens or p - window < j)."""
+
+    sink_tokens: int = 0
+    window: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.window > 0
+
+    def visible(self, query_pos, key_pos):
+        """Broadcast numpy or torch positions -> True where the query sees the key (causal too)."""
+        seen = key_pos <= query_pos
+        if self.active:
+            seen = seen & ((key_pos < self.sink_tokens) | (key_pos > query_pos - self.window))
+        return seen
+
+    def kept_tokens(self, num_tokens: int) -> int:
+        """Tokens whose keys and values a sequence of num_tokens would keep under the rule."""
+        return num_tokens if not self.active else min(num_tokens, self.sink_tokens + self.window)
+
+
+FULL = Eviction()
 
 
 def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
@@ -83,10 +118,11 @@ def score_mask(mask, G: int):
     return ~mask[:, None, None].expand(S, 1, G, Q, K).reshape(S, 1, G * Q, K)
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, eviction: Eviction = FULL):
     """One whole sequence, no cache. q: (T, H, D), k, v: (T, Hkv, D) -> (T, H, D), (H, T, T)."""
     T = q.shape[0]
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    pos = torch.arange(T)
+    mask = eviction.visible(pos[:, None], pos[None, :])                   # (T, T)
     y, probs = attend(q[None], k[None], v[None], mask[None])
     return y[0], probs[0]
 
@@ -135,6 +171,7 @@ class PagedBatch:
     positions: torch.Tensor     # (T,) each token's position: it reads keys 0..position
     kernel: object = None       # the C++ extension (core.kernels.loader.extension()); None: the torch path
     groups: list["SequenceGroup"] = field(default_factory=list)  # the torch path's groups (plan_groups)
+    eviction: Eviction = FULL   # the engine's KV eviction rule (a mask in both paths)
 
 
 MAX_PADDING = 1.5                # a group may do at most this much more work than its members alone
@@ -174,7 +211,7 @@ def plan_groups(seqs, block_size: int, min_rows: int) -> list[list]:
     return groups
 
 
-def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:
+def build_group(seqs, block_size: int, min_rows: int, eviction: Eviction = FULL) -> SequenceGroup:
     """seqs: list of (first packed index, num_query_tokens, first position, block_table)."""
     S = len(seqs)
     Q = -(-max(n for _, n, _, _ in seqs) // min_rows) * min_rows
@@ -192,7 +229,7 @@ def build_group(seqs, block_size: int, min_rows: int) -> SequenceGroup:
         token_index=torch.from_numpy(starts + np.minimum(rows, lens - 1)),
         query_mask=torch.from_numpy(rows < lens),
         block_tables=torch.from_numpy(block_tables),
-        mask=torch.from_numpy(key_pos[None, None, :] <= query_pos[:, :, None]),
+        mask=torch.from_numpy(eviction.visible(query_pos[:, :, None], key_pos[None, None, :])),
     )
 
 
@@ -206,7 +243,8 @@ def paged_attention(q, k, v, layer: int, batch: PagedBatch):
     if batch.kernel is not None:
         batch.kernel.write_kv(cache.k[layer], cache.v[layer], batch.slot_mapping, k, v)
         return batch.kernel.paged_attention(q, cache.k[layer], cache.v[layer], batch.block_tables,
-                                            batch.token_seq, batch.positions)
+                                            batch.token_seq, batch.positions, batch.eviction.sink_tokens,
+                                            batch.eviction.window)
     Hkv, D = k.shape[1], k.shape[2]
     H = q.shape[1]
     keys_pool, values_pool = cache.token_major(layer)          # (blocks, block_size, Hkv, D) views

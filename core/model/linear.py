@@ -1,4 +1,4 @@
-"""Batch-invariant matrix multiply, in three weight formats: the same row gives the same result
+"""Batch-invariant matrix multiply, in four weight formats: the same row gives the same result
 in any batch.
 
 CPU matrix-multiply libraries pick a kernel by the shape of the problem, and different kernels
@@ -40,6 +40,12 @@ every format bit for bit, alone against batched, with one and two threads.
   weight-only quantization) computes w = (q - 8) * scale + zero with scale = d and
   zero = m + 8d in bfloat16. Both are row-independent by construction: each output is one fixed
   chain of operations over k, whatever the number of rows or threads, so neither pads.
+- q8_0: llama.cpp's Q8_0 (groups of 32 weights, w = d*q, q in -127..127, d in fp16), quantized
+  at load from the fp32 weights: a byte a weight plus 2 bytes per 32, a little over half of
+  bf16's. The engine's kernel (csrc/q8_matmul.cpp, AVX2) rounds each row of activations to 16-bit
+  integers per group of 32 and sums exactly in 32-bit integers; elsewhere two 4-bit products on
+  PyTorch's int4 kernel (PackedQ8_0). Row-independent by construction, like q4_1. The same
+  format is q4_1's LM head (the GGUF file keeps the embedding in Q8_0).
 """
 
 from enum import Enum
@@ -195,7 +201,7 @@ def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     return packed, scales_zeros.to(torch.bfloat16).contiguous()
 
 
-# -- the Q8_0 format (the LM head of q4_1) -------------------------------------------------------
+# -- the Q8_0 format (every layer of q8_0, the LM head of q4_1) -------------------------------------------------------
 
 def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """llama.cpp's Q8_0 of a float matrix (out, in): -> q (out, in) int8 in -127..127 and d
@@ -264,13 +270,20 @@ def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
     return q.float() * d.repeat_interleave(Q4_GROUP, 1) + m.repeat_interleave(Q4_GROUP, 1)
 
 
+def q8_kernel():
+    """The engine's own Q8_0 product (csrc/q8_matmul.cpp) where it is built and the CPU has AVX2,
+    else None."""
+    ext = q4_kernel()
+    return ext if ext is not None and ext.q8_matmul_available() else None
+
+
 def products_here(fmt: WeightFormat, out_features: int) -> list[Product]:
     """The products a weight of the format with `out_features` outputs can take on this machine,
     fastest first. The engine's kernels need a whole number of 16-column panels."""
     fmt = WeightFormat(fmt)
-    kernel = q4_kernel() if fmt is WeightFormat.Q4_1 else f32_kernel()
+    kernel = {WeightFormat.Q4_1: q4_kernel, WeightFormat.Q8_0: q8_kernel}.get(fmt, f32_kernel)()
     own = [Product.OWN] if out_features % 16 == 0 and kernel is not None else []
-    if fmt is WeightFormat.Q4_1:
+    if fmt in (WeightFormat.Q4_1, WeightFormat.Q8_0):
         return own + [Product.PLAIN]
     dtype = torch.float32 if fmt is WeightFormat.FP32 else torch.bfloat16
     onednn = [Product.ONEDNN] if prepacking_available(dtype) else []
@@ -299,6 +312,10 @@ class PackedLinear:
                                               f"weight of {self.out_features} outputs here; "
                                               f"this machine has {', '.join(p.value for p in here)}")
         self.product = here[0] if product is None else Product(product)
+        if self.format is WeightFormat.Q8_0:
+            self.q8 = PackedQ8_0(weight, product=self.product)
+            self.tensors = self.q8.tensors   # (q, d) for the kernel, or the two 4-bit halves' four
+            return
         if self.format is WeightFormat.Q4_1:
             blocks = q4_blocks or quantize_q4_1(weight)
             self.q4 = q4_kernel()
@@ -319,7 +336,7 @@ class PackedLinear:
     @property
     def min_rows(self) -> int:
         """The fewest rows a product runs with (fewer are padded with zero rows)."""
-        if self.product is Product.OWN or self.format is WeightFormat.Q4_1:
+        if self.product is Product.OWN or self.format in (WeightFormat.Q4_1, WeightFormat.Q8_0):
             return 1
         if self.product is Product.ONEDNN:
             return PREPACKED_MIN_ROWS
@@ -331,6 +348,8 @@ class PackedLinear:
         return sum(t.nbytes for t in self.tensors)
 
     def __call__(self, x):  # (N, in) -> (N, out)
+        if self.format is WeightFormat.Q8_0:
+            return self.q8(x)
         if self.format is WeightFormat.Q4_1:
             return self.q4.q4_matmul(x, *self.tensors) if self.product is Product.OWN else linear_q4(x, *self.tensors)
         if self.product is Product.OWN:

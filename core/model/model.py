@@ -7,9 +7,9 @@ every block instead (moe.py). Shapes below: T tokens in the packed batch, C = hi
 heads and Hkv key/value heads of size D, V vocabulary.
 
 The linear layers keep their fp32 weight (what checkpoints load and the widgets read) and
-multiply through a PackedLinear in the engine's weight format (fp32, bf16 or q4_1, see gemm.py).
+multiply through a PackedLinear in the engine's weight format (fp32, bf16, q8_0 or q4_1, see linear.py).
 Activations and the residual stream stay fp32; bf16 and q4_1 products come back in bfloat16 and
-are promoted where they join fp32 tensors. The LM head in bf16 and q4_1 is approximate, and the
+are promoted where they join fp32 tensors. The LM head in bf16, q8_0 and q4_1 is approximate, and the
 top `lm_head_candidates` logits of each row are then recomputed exactly in fp32 (so greedy
 decoding picks what fp32 would, and sampling reads exact logits where the mass is).
 
@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from core.config import ModelConfig, WeightFormat
-from core.model.attention import PagedBatch, causal_attention, paged_attention
+from core.model.attention import FULL, Eviction, PagedBatch, causal_attention, paged_attention
 from core.model.linear import PackedLinear, PackedQ8_0, Product, linear
 from core.model.moe import Experts, MoEMLP
 
@@ -103,7 +103,7 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, (self.H + 2 * self.Hkv) * self.D)
         self.o_proj = Linear(self.H * self.D, cfg.hidden_size)
 
-    def forward(self, x, positions, rotary, batch: PagedBatch | None):
+    def forward(self, x, positions, rotary, batch: PagedBatch | None, eviction: Eviction = FULL):
         T, H, Hkv, D = x.shape[0], self.H, self.Hkv, self.D
         qkv = self.qkv_proj(x).to(x.dtype)                       # (T, (H + 2 Hkv) D): bf16 products promoted
         qk = rotary(qkv[:, :(H + Hkv) * D].view(T, H + Hkv, D), positions)  # q and k at once
@@ -112,7 +112,7 @@ class Attention(nn.Module):
         if batch is not None:
             y = paged_attention(q, k, v, self.layer, batch)     # (T, H, D)
         else:
-            y, _ = causal_attention(q, k, v)                    # (T, H, D)
+            y, _ = causal_attention(q, k, v, eviction)          # (T, H, D)
         return self.o_proj(y.reshape(T, H * D))                 # (T, C)
 
 
@@ -140,8 +140,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoEMLP(cfg) if cfg.num_experts else MLP(cfg)   # experts and a router (moe.py), or one MLP
 
-    def forward(self, x, positions, rotary, batch=None):  # x: (T, C)
-        x = x + self.attn(self.attn_norm(x), positions, rotary, batch)
+    def forward(self, x, positions, rotary, batch=None, eviction: Eviction = FULL):  # x: (T, C)
+        x = x + self.attn(self.attn_norm(x), positions, rotary, batch, eviction)
         x = x + self.mlp(self.mlp_norm(x))
         return x
 
@@ -157,7 +157,7 @@ class Transformer(nn.Module):
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         self.weight_format = WeightFormat.FP32
         self.lm_head_candidates = 0
-        self.lm_head = None  # once packed: a PackedLinear (fp32, bf16), or for q4_1 the file's Q8_0 (PackedQ8_0)
+        self.lm_head = None  # once packed: a PackedLinear (fp32, bf16), or for q4_1 and q8_0 Q8_0 (PackedQ8_0)
         self.native = None   # the same layers in C++ for the engine's paged batches (native.py), if built
 
     @classmethod
@@ -182,7 +182,8 @@ class Transformer(nn.Module):
             if isinstance(module, (Linear, Experts)):
                 module.pack(fmt)
         emb = self.embed_tokens.weight
-        self.lm_head = PackedQ8_0(emb) if fmt is WeightFormat.Q4_1 else PackedLinear(fmt, emb)
+        eight_bit = fmt in (WeightFormat.Q4_1, WeightFormat.Q8_0)   # the file's Q8_0 embedding, as llama.cpp
+        self.lm_head = PackedQ8_0(emb) if eight_bit else PackedLinear(fmt, emb)
 
     def use_kernels(self, ext) -> None:
         """Normalize, rotate and gate with the engine's kernels (native.kernels(); None: torch's),
@@ -206,13 +207,14 @@ class Transformer(nn.Module):
         head = self.embed_tokens.weight.nbytes if self.lm_head is None else self.lm_head.nbytes
         return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + head
 
-    def forward(self, input_ids, positions, batch: PagedBatch | None = None):
-        """input_ids, positions: (T,) -> final hidden states (T, C), normalized."""
+    def forward(self, input_ids, positions, batch: PagedBatch | None = None, eviction: Eviction = FULL):
+        """input_ids, positions: (T,) -> final hidden states (T, C), normalized. Without a batch,
+        one whole sequence under `eviction` (a paged batch carries its engine's own)."""
         if batch is not None and self.native is not None:
             return self.native.forward(input_ids, positions, batch)  # the code below, in C++
         x = self.embed_tokens(input_ids)  # (T, C)
         for block in self.layers:
-            x = block(x, positions, self.rotary, batch)
+            x = block(x, positions, self.rotary, batch, eviction)
         return self.norm(x)
 
     def logits(self, hidden):  # (N, C) -> (N, V), through the tied embedding matrix
@@ -230,8 +232,8 @@ class Transformer(nn.Module):
         return logits
 
     @torch.inference_mode()
-    def score(self, input_ids: list[int]) -> torch.Tensor:
+    def score(self, input_ids: list[int], eviction: Eviction = FULL) -> torch.Tensor:
         """Logits for every position of one sequence, no cache: (T, V)."""
         ids = torch.tensor(input_ids, dtype=torch.long)
-        return self.logits(self.forward(ids, torch.arange(len(input_ids))))
+        return self.logits(self.forward(ids, torch.arange(len(input_ids)), eviction=eviction))
 

@@ -23,7 +23,7 @@ import torch
 from core.config import EngineConfig
 from core.cpu_share import CpuShare
 from core.kernels.loader import kernels
-from core.model.attention import PagedBatch, build_group, min_query_rows, plan_groups
+from core.model.attention import Eviction, PagedBatch, build_group, min_query_rows, plan_groups
 from core.model.kv_cache import BYTES_PER_VALUE, KVCache
 from core.model.model import Transformer
 from core.model.native_decoder import native_decoder
@@ -68,6 +68,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.min_rows = min_query_rows(mc.num_heads, mc.num_kv_heads)
         self.kernel = kernels(mc)  # None: attention.py's torch path
+        self.eviction = Eviction(config.kv_sink_tokens, config.kv_window)  # a mask in attention
 
     def fit_threads(self) -> None:
         """Before a step: torch's thread count to the cores other processes leave free (with share_cpu)."""
@@ -106,14 +107,15 @@ class ModelRunner:
         block_tables = np.zeros((len(tables), max(map(len, tables), default=0)), dtype=np.int64)
         for row, table in enumerate(tables):
             block_tables[row, : len(table)] = table
-        groups = [] if self.kernel else [build_group(g, bs, self.min_rows)
+        groups = [] if self.kernel else [build_group(g, bs, self.min_rows, self.eviction)
                                          for g in plan_groups(entries, bs, self.min_rows)]
         positions = torch.tensor(positions, dtype=torch.long)
         return StepInput(
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=positions,
             batch=PagedBatch(self.cache, torch.tensor(slots, dtype=torch.long), torch.from_numpy(block_tables),
-                             torch.tensor(token_seq, dtype=torch.long), positions, self.kernel, groups),
+                             torch.tensor(token_seq, dtype=torch.long), positions, self.kernel, groups,
+                             self.eviction),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long),
             sample_seqs=sample_seqs,
         )

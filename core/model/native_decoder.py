@@ -1,6 +1,6 @@
 """The decoder's layers in C++ (core/kernels/csrc/decoder.cpp), for the engine's steps: the same
 ATen operations as model.py, in the same order, and the same kernels of our own
-(csrc/kernels.h: attention, RMSNorm, rotary embedding, SwiGLU's product, fp32 and Q4_1 products,
+(csrc/kernels.h: attention, RMSNorm, rotary embedding, SwiGLU's product, fp32, Q4_1 and Q8_0 products,
 which model.py calls too), so the same bits, without Python.
 
 A decode step of SmolLM2 is several hundred small tensor operations, and through Python each
@@ -19,7 +19,7 @@ from core.kernels.loader import kernels
 from core.model.attention import PagedBatch
 from core.model.linear import Q4_GROUP, Product
 
-FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2}
+FORMAT_CODES = {WeightFormat.FP32: 0, WeightFormat.BF16: 1, WeightFormat.Q4_1: 2, WeightFormat.Q8_0: 3}
 PRODUCT_CODES = {Product.OWN: 0, Product.ONEDNN: 1, Product.PLAIN: 2}   # decoder.cpp's enum Product
 
 
@@ -44,7 +44,8 @@ class NativeDecoder:
     def forward(self, input_ids, positions, batch: PagedBatch):
         """As Transformer.forward with a PagedBatch: (T,), (T,) -> final hidden states (T, C)."""
         return self.decoder.forward(input_ids, positions, batch.cache.k, batch.cache.v, batch.slot_mapping,
-                                    batch.block_tables, batch.token_seq)
+                                    batch.block_tables, batch.token_seq, batch.eviction.sink_tokens,
+                                    batch.eviction.window)
 
 
 def native_decoder(model) -> NativeDecoder | None:

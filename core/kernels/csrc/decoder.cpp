@@ -16,7 +16,7 @@
 
 namespace {
 
-enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2 };
+enum Format : int64_t { FP32 = 0, BF16 = 1, Q4_1 = 2, Q8_0 = 3 };
 enum Product : int64_t { OWN = 0, ONEDNN = 1, PLAIN = 2 };  // gemm.Product, as native.py numbers it
 
 // How gemm.PackedLinear multiplies, handed over by native.py: with the engine's kernels (f32_matmul,
@@ -48,9 +48,16 @@ at::Tensor pad_rows(const at::Tensor& x, int64_t multiple) {
 
 // One linear layer's weight in the engine's format (gemm.PackedLinear) and its product.
 struct Linear {
-  std::vector<at::Tensor> w;  // fp32, bf16: (weight, maybe prepacked); q4_1: two (gemm.PackedLinear)
+  std::vector<at::Tensor> w;  // fp32, bf16: (weight, maybe prepacked); q4_1: two; q8_0: two (own) or
+                              // four (the two 4-bit halves, linear.PackedQ8_0)
 
   at::Tensor operator()(const at::Tensor& x, Format fmt, const Products& p) const {
+    if (fmt == Q8_0) {
+      if (p.product == OWN) return sendlens::q8_matmul(x, w[0], w[1]);
+      const at::Tensor xb = x.to(at::kBFloat16);  // hi(x) + lo(x), as PackedQ8_0 sums them
+      return at::_weight_int4pack_mm_for_cpu(xb, w[0], p.q4_group, w[1]) +
+             at::_weight_int4pack_mm_for_cpu(xb, w[2], p.q4_group, w[3]);
+    }
     if (fmt == Q4_1) {
       return p.product == OWN ? sendlens::q4_matmul(x, w[0], w[1])
                               : at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w[0], p.q4_group, w[1]);
@@ -77,7 +84,7 @@ class Decoder {
           int64_t product, int64_t min_rows, int64_t q4_group)
       : fmt_(static_cast<Format>(fmt)), embed_(embed), final_norm_(final_norm), cos_(cos), sin_(sin),
         H_(H), Hkv_(Hkv), D_(D), eps_(eps), products_{static_cast<Product>(product), min_rows, q4_group} {
-    const size_t per_linear = fmt_ == Q4_1 ? 2 : 1;
+    const size_t per_linear = fmt_ == Q4_1 ? 2 : fmt_ == Q8_0 ? (products_.product == OWN ? 2 : 4) : 1;
     for (auto& t : layers) {  // attn_norm, mlp_norm, then qkv, o, gate_up, down
       TORCH_CHECK(t.size() == 2 + 4 * per_linear, "a layer takes ", 2 + 4 * per_linear, " tensors");
       Layer l{t[0], t[1], {}, {}, {}, {}};
@@ -91,16 +98,17 @@ class Decoder {
   // ids, positions: (T,); k_cache, v_cache: every layer's pools (kv_cache.py); slot_mapping: (T,);
   // block_tables: (S, nb); token_seq: (T,) each token's row of block_tables.
   // -> the final hidden states (T, C), normalized, as Transformer.forward.
+  // sink_tokens, window: the KV eviction rule (paged_attention; window 0: every key).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                     const at::Tensor& token_seq) {
+                     const at::Tensor& token_seq, int64_t sink_tokens, int64_t window) {
     py::gil_scoped_release no_gil;  // other Python threads (the web server) run meanwhile
     at::InferenceMode guard;
     at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       x = x + attention(sendlens::rms_norm(x, l.attn_norm, eps_), l, k_cache[i], v_cache[i],
-                        slot_mapping, block_tables, token_seq, positions);
+                        slot_mapping, block_tables, token_seq, positions, sink_tokens, window);
       x = x + mlp(sendlens::rms_norm(x, l.mlp_norm, eps_), l);
     }
     return sendlens::rms_norm(x, final_norm_, eps_);
@@ -113,7 +121,7 @@ class Decoder {
 
   at::Tensor attention(const at::Tensor& x, const Layer& l, const at::Tensor& k_cache, const at::Tensor& v_cache,
                        const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& token_seq,
-                       const at::Tensor& positions) const {
+                       const at::Tensor& positions, int64_t sink_tokens, int64_t window) const {
     const int64_t T = x.size(0), H = H_, Hkv = Hkv_, D = D_;
     const at::Tensor qkv = l.qkv(x, fmt_, products_).to(at::kFloat);          // (T, (H + 2 Hkv) D)
     const at::Tensor qk =                                                      // q and k at once
@@ -121,7 +129,8 @@ class Decoder {
     const at::Tensor q = qk.slice(1, 0, H), k = qk.slice(1, H);                // (T, H, D), (T, Hkv, D)
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
     sendlens::write_kv(k_cache, v_cache, slot_mapping, k, v);
-    const at::Tensor y = sendlens::paged_attention(q, k_cache, v_cache, block_tables, token_seq, positions);
+    const at::Tensor y =
+        sendlens::paged_attention(q, k_cache, v_cache, block_tables, token_seq, positions, sink_tokens, window);
     return l.o(y.view({T, H * D}), fmt_, products_);                          // (T, C)
   }
 
@@ -142,7 +151,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     int64_t>())
       .def("forward", &Decoder::forward);
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
-  m.def("paged_attention", &sendlens::paged_attention, py::call_guard<py::gil_scoped_release>());
+  m.def("paged_attention", &sendlens::paged_attention, py::arg("q"), py::arg("k_pool"), py::arg("v_pool"),
+        py::arg("block_tables"), py::arg("token_seq"), py::arg("positions"), py::arg("sink_tokens") = 0,
+        py::arg("window") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("supports_head_dim", &sendlens::supports_head_dim);
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());

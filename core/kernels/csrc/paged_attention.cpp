@@ -10,6 +10,10 @@
 //   sum     = sum_j e_j             lane j % 16 adds its keys in order, then a fixed tree
 //   y       = (sum_j e_j v_j) / sum  key by key in order, 16 dimensions per vector
 //
+// KV eviction (StreamingLLM, Xiao et al., 2023): with a window w > 0 a row at position p sees the
+// first s keys (the attention sinks) and the last w (p - w < j <= p); the others are masked (their
+// scores out of the max, their weights exactly 0), so the blocks stay and only the result changes.
+//
 // Nothing in it depends on the other rows: not on how many queries of the sequence are computed
 // in this step (chunked prefill), which other sequences share the step (batching), the threads, or
 // where the row falls in a tile. So a request gives the same bits alone, batched or chunked without
@@ -44,6 +48,7 @@ struct Pools {
   const float* v;              // (blocks, Hkv, BS, D)
   const int64_t* tables;       // (S, nb)
   int64_t num_blocks, nb, BS, Hkv;
+  int64_t sink_tokens, window;  // KV eviction: window > 0 hides keys sink_tokens <= j <= position - window
 
   int64_t block(int64_t seq, int64_t index) const {
     TORCH_CHECK(index < nb, "a key's block ", index, " is beyond the block table (", nb, " blocks)");
@@ -208,13 +213,21 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
   for (int64_t r = 0; r < R; ++r) {
     float* row = scores + r * width;
     const int64_t n = keys[r], row_tiles = (n + LANES - 1) / LANES;
+    // Evicted keys (a sliding window after the sinks): out of the max, then weight exactly 0.
+    const int64_t hide_from = pool.sink_tokens, hide_to = pool.window > 0 ? n - pool.window : 0;
+    for (int64_t j = hide_from; j < hide_to; ++j) row[j] = NEG_INF;
     Vec m = Vec::load(row);
     for (int64_t kt = 1; kt < row_tiles; ++kt) m = max(m, Vec::load(row + kt * LANES));
     const Vec top = Vec::set1(reduce_max(m));
     Vec sum = Vec::set1(0.0f);
     for (int64_t kt = 0; kt < row_tiles; ++kt) {
-      const Vec e = first(exp(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
+      Vec e = first(exp(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
       e.store(row + kt * LANES);
+      const int64_t a = std::max(hide_from, kt * LANES), b = std::min(hide_to, (kt + 1) * LANES);
+      if (b > a) {
+        std::fill(row + a, row + b, 0.0f);
+        e = Vec::load(row + kt * LANES);
+      }
       sum = sum + e;
     }
     sums[r] = reduce_add(sum);
@@ -287,7 +300,8 @@ void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tens
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                            const at::Tensor& block_tables, const at::Tensor& token_seq,
-                           const at::Tensor& positions) {
+                           const at::Tensor& positions, int64_t sink_tokens, int64_t window) {
+  TORCH_CHECK(sink_tokens >= 0 && window >= 0, "paged_attention: sink_tokens and window must be >= 0");
   const at::Tensor q = q_in.stride(2) == 1 && q_in.stride(1) == q_in.size(2) ? q_in : q_in.contiguous();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hkv = k_pool.size(1), BS = k_pool.size(3);
@@ -301,7 +315,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   const TileFn fn = tile_function(D);
   TORCH_CHECK(fn != nullptr, "paged_attention: head size ", D, " is not supported");
   const Pools pool{k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), block_tables.data_ptr<int64_t>(),
-                   k_pool.size(0), block_tables.size(1), BS, Hkv};
+                   k_pool.size(0), block_tables.size(1), BS, Hkv, sink_tokens, window};
   const int64_t S = block_tables.size(0);
   const int64_t* seq_of = token_seq.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
