@@ -35,7 +35,8 @@ def test_plan_quick_and_full():
     class Args:
         quick, rounds = True, 3
     quick = {s["name"] for s in plan(Args)}
-    assert quick == {"decode_1", "prefill_512", "decode_1_contended", "serve_8", "serve_64"}
+    assert quick == {"decode_1", "prefill_512", "decode_1_contended", "serve_8", "serve_64",
+                     "decode_1_ngram", "decode_1_self", "decode_repeat", "decode_repeat_ngram", "decode_repeat_self"}
     Args.quick = False
     full = {s["name"]: s for s in plan(Args)}
     assert {"prefill_4096", "serve_32"} <= set(full)

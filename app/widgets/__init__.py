@@ -8,7 +8,7 @@ this list. A widget imports seam.py and base.py, never another widget (tests/wid
 """
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
-               kv_cache, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache, slo,
+               kv_cache, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache, slo, speculative,
                tensor_parallel, throughput_latency, tokenizer)
 
 WIDGETS = [
@@ -31,6 +31,7 @@ WIDGETS = [
     tensor_parallel.WIDGET,
     pipeline.WIDGET,
     moe.WIDGET,
+    speculative.WIDGET,
     slo.WIDGET,
     economics.WIDGET,
 ]
