@@ -38,8 +38,9 @@ class Draft:
 
 
 def ngram_propose(token_ids: list[int], k: int) -> list[int]:
-    """Up to k tokens that followed the last earlier occurrence of the context's final n tokens,
-    trying n = NGRAM_MAX down to NGRAM_MIN; [] when none occurred before."""
+    """Up to k tokens that followed an earlier occurrence of the context's final n tokens, trying
+    n = NGRAM_MAX down to NGRAM_MIN: the latest occurrence with k tokens after it, else the earliest
+    (in a run of one repeated token the latest overlaps the end); [] when none occurred before."""
     ids = np.asarray(token_ids, dtype=np.int64)
     L = len(ids)
     for n in range(min(NGRAM_MAX, L - 1), NGRAM_MIN - 1, -1):
@@ -48,7 +49,8 @@ def ngram_propose(token_ids: list[int], k: int) -> list[int]:
             match &= ids[j:j + L - n] == ids[L - n + j]
         hits = np.flatnonzero(match)
         if hits.size:
-            i = int(hits[-1])
+            whole = hits[hits + n + k <= L]       # matches followed by k tokens: the latest of them,
+            i = int(whole[-1] if whole.size else hits[0])   # else the earliest (the longest run after it)
             return ids[i + n:i + n + k].tolist()
     return []
 
