@@ -24,7 +24,7 @@ from .base import Widget, encode, integer, message, text
 from .seam import machine, remeasure, step_until_finished, token_list, with_progress
 
 MAX_K = 8                # the sweep's largest k (docs/widgets.md: k = 1..8)
-GENERATE_TOKENS = 48     # tokens each run generates (greedy, past the end token)
+GENERATE_TOKENS = 32     # tokens each run generates (greedy, past the end token)
 DRAFTS = [s.value for s in Speculation]
 
 

@@ -2,11 +2,15 @@
 counters and its output; both drafts give plain decoding's tokens for every k; the page shows
 every figure badged and keyed, in an embed, an iframe and on a phone."""
 
+from urllib.parse import quote_plus
+
 import pytest
 
 from conftest import figure_value, on_a_phone, shoot_widget, wait_ready
 
 SP = '[data-widget="speculative"]'
+LIST = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+TEXT_Q = quote_plus(LIST)
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
 
 
@@ -68,12 +72,12 @@ def test_the_job_reports_passes_counters_and_the_sweep(ws, draft):
 @pytest.mark.browser
 @pytest.mark.real_model
 def test_speculative_page(pg, artifacts_dir):
-    query = "?draft=ngram&k=4&text=" + "1%2C+2%2C+3%2C+4%2C+5%2C+6%2C+7%2C+8%2C+9%2C+10%2C"
+    query = "?draft=ngram&k=4&text=" + TEXT_Q
     shoot_widget(pg, "speculative", artifacts_dir, query, ready_timeout=300_000)
     page = pg.page
     pg.goto(f"/embed/speculative{query}")
     wait_ready(page, SP, timeout=300_000)
-    assert page.input_value(f'{SP} textarea[name="text"]') == "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+    assert page.input_value(f'{SP} textarea[name="text"]') == LIST
     assert figure_value(page, "same_as_plain", SP) == 1
     rate = figure_value(page, "acceptance_rate", SP)
     assert 0 <= rate <= 1
@@ -85,5 +89,7 @@ def test_speculative_page(pg, artifacts_dir):
         assert page.locator(f'{SP} [data-figure="{key}"]').count() == 1
     assert page.locator(f"{SP} .badge").count() >= 3
     pg.assert_clean()
-    snippet = on_a_phone(pg, "speculative", "?speculative.draft=self&speculative.k=2", artifacts_dir, ready_timeout=300_000)
-    assert "draft=self" in snippet and "k=2" in snippet
+    # the same inputs: the job cache answers
+    snippet = on_a_phone(pg, "speculative", f"?speculative.draft=ngram&speculative.k=4&speculative.text={TEXT_Q}",
+                         artifacts_dir, ready_timeout=300_000)
+    assert "draft=ngram" in snippet and "k=4" in snippet
