@@ -17,7 +17,9 @@ const PRESETS = {
     + "Wednesday: 9:00 standup, 10:00 review, 12:00 lunch\nThursday:"],
   free: ["Free text", "Write a short story about a lighthouse keeper who finds a message in a bottle."],
 };
-const DRAFTS = { ngram: "prompt lookup (n-grams in the context)", self: "self-speculation (the model's first layers)" };
+const DRAFTS = { ngram: "prompt lookup", self: "self-speculation" };
+const DRAFT_TITLES = { ngram: "n-gram matches in the context propose what followed them",
+  self: "the model's own first layers and its head propose" };
 const KS = [1, 2, 3, 4, 5, 6, 7, 8];
 
 const OPTIONS = {
@@ -46,6 +48,7 @@ function build(opts) {
     ...view(VIEW),
   };
   v.text.value = opts.text;
+  v.draft.title = DRAFT_TITLES[opts.draft];
   v.nodes = [
     field("prompt", v.text),
     el("div", { class: "controls" }, [v.preset, field("draft", v.draft), field("k", v.k), v.again]),
@@ -98,15 +101,17 @@ function renderPositions(v, r) {
 function renderSweep(v, r) {
   const rows = r.sweep.ngram.map((_, i) => [r.sweep.ngram[i], r.sweep.self[i]]);
   const max = Math.max(1, ...rows.flat().map((x) => x.speedup));
-  const cell = (x, kind) => el("span", { class: "sp-cell", role: "cell" }, [
-    shareBar("sp", kind, x.speedup, max, `${fmtNum(x.speedup, 3)}×, ${fmtNum(x.tokens_per_pass, 3)} tokens/pass`)]);
+  const cell = (x, kind) => el("span", { class: "sp-cell", role: "cell",
+    title: `${fmtNum(x.speedup, 3)}× the speed of plain decoding; ${fmtNum(x.tokens_per_pass, 3)} tokens a pass; `
+      + `${x.acceptance_rate === null ? "nothing proposed" : `${fmtPct(x.acceptance_rate)} of guesses kept`}` }, [
+    shareBar("sp", kind, x.speedup, max, `${fmtNum(x.speedup, 3)}× · ${fmtNum(x.tokens_per_pass, 2)}/pass`)]);
   const head = el("div", { class: "sp-tr sp-th", role: "row" }, ["k", "prompt lookup", "self-speculation"].map((t) => el("span", { role: "columnheader", text: t })));
   v.sweep.replaceChildren(head, ...rows.map(([n, s]) => el("div", { class: `sp-tr${n.k === r.k ? " is-chosen" : ""}`, role: "row" }, [
     el("span", { role: "cell", class: "sp-k", text: String(n.k) }), cell(n, "is-ngram"), cell(s, "is-self"),
   ])));
   const same = rows.flat().every((x) => x.same_as_plain === 1);
   v.sweepNote.textContent = `Plain decoding: ${fmtMs(r.plain_ms_per_token)} a token. Speed-up: its time per token over each run's, `
-    + `every run ${r.generated_tokens} greedy tokens of the same prompt (${r.weight_format}). A bar past 1× is faster. `
+    + `every run ${r.generated_tokens} greedy tokens of the same prompt (${r.weight_format}). Each bar: the speed-up, then tokens per pass; past 1× is faster. `
     + (same ? "Every run gave plain decoding's tokens. " : "Some run did not give plain decoding's tokens: a bug. ")
     + "A pass costs more than a decode step (more tokens, and the draft's own work), so speculation wins only where the guesses are kept.";
 }
