@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import report
-from bench.__main__ import plan, prompt, summarize
+from bench.__main__ import plan, prompt, repetitive, summarize
 from bench.systems import serving_metrics
 
 # A float64 formula (u = 2^-53) of at most 16 operations on the made-up results, evaluated here and
@@ -29,6 +29,13 @@ def test_prompts_are_the_same_for_every_system_and_differ_by_seed():
     assert prompt(512, 2) == prompt(512, 2)
     assert len(prompt(4096, 3)) == 4096 and prompt(32, 1)[0] == 1
     assert prompt(32, 1) != prompt(32, 2)
+
+
+def test_the_repetitive_prompt_repeats_a_walk():
+    ids = repetitive(64, 5)
+    assert len(ids) == 64 and ids[0] == 1
+    assert ids[1:13] == ids[13:25] == prompt(13, 5)[1:]     # the same 12 tokens again and again
+    assert len(set(ids[1:])) == 12
 
 
 def test_plan_quick_and_full():
