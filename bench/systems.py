@@ -120,15 +120,9 @@ class Transformers:
         ready = self.times[1:] + [end]
         return start, [list(ready)] * len(prompts)
 
-    def decode(self, prompt, n, speculation=None):
-        _, (times,) = self._run([prompt], n, speculation)
+    def decode(self, prompt, n):
+        _, (times,) = self._run([prompt], n)
         return (len(times) - 1) / (times[-1] - times[0])
-
-    def decode_ngram(self, prompt, n):
-        return self.decode(prompt, n, "ngram")
-
-    def decode_self(self, prompt, n):
-        return self.decode(prompt, n, "self")
 
     def prefill(self, prompt):
         start, (times,) = self._run([prompt], 1)

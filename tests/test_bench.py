@@ -38,6 +38,15 @@ def test_the_repetitive_prompt_repeats_a_walk():
     assert len(set(ids[1:])) == 12
 
 
+def test_the_speculative_rows_run_on_ours_only():
+    from bench import systems
+    kinds = {s["kind"] for s in plan(type("Args", (), {"quick": True, "rounds": 1}))}
+    assert {"decode_ngram", "decode_self"} <= kinds
+    for kind in ("decode_ngram", "decode_self"):
+        assert hasattr(systems.Ours, kind)
+        assert not hasattr(systems.Transformers, kind) and not hasattr(systems.LlamaCpp, kind)
+
+
 def test_plan_quick_and_full():
     class Args:
         quick, rounds = True, 3

@@ -158,6 +158,18 @@ def test_greedy_speculation_alone_equals_plain(make_tiny_llm, assert_pool_clean,
     assert_pool_clean(llm.engine)
 
 
+@pytest.mark.parametrize("draft", ["ngram", "self"])
+def test_speculation_on_the_python_forward_equals_plain(make_tiny_llm, assert_pool_clean, draft):
+    """native=False: the model's Python forward, and the self draft's first layers in Python too."""
+    llm = make_tiny_llm(block_size=4, share_cpu=False, native=False)
+    for prompt in PROMPTS[:2]:
+        plain = llm.generate(prompt, greedy(max_tokens=24))[0]
+        spec = llm.generate(prompt, greedy(max_tokens=24, speculation=draft, num_speculative_tokens=4))[0]
+        assert spec.token_ids == plain.token_ids
+    assert llm.engine.speculator._layer_draft is None or llm.engine.speculator._layer_draft.native is None
+    assert_pool_clean(llm.engine)
+
+
 def test_prompt_lookup_accepts_on_a_repetitive_prompt(make_tiny_llm):
     """A prompt of one repeated token: the greedy tiny model continues it, and prompt lookup
     guesses the continuation, so passes keep drafts (the counters count them)."""
