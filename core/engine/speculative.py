@@ -51,22 +51,22 @@ class Speculator:
         self.drafts, self.rejected = {}, {}
         budget = engine.config.max_num_batched_tokens - batch.num_batched_tokens
         layer_work = []
-        for i, (seq, n) in enumerate(batch.scheduled):
+        for seq, n in batch.scheduled:
             if seq.speculation is None or n != 1 or seq.num_uncomputed_tokens != 1:
                 continue
-            params = seq.params
+            params, tokens = seq.params, []
             k = max(0, min(params.num_speculative_tokens, budget,
                            params.max_tokens - seq.num_output_tokens - 1,   # the pass adds up to k + 1
                            engine.max_model_len - seq.num_tokens - 1))
             if params.speculation is Speculation.NGRAM:
-                tokens = ngram_propose(seq.token_ids, k) if k else []
+                tokens = ngram_propose(seq.token_ids, k) if k else []   # may be fewer than k
                 k = len(tokens)
             while k and not bm.can_allocate(seq, 1 + k):
                 k -= 1
             budget -= k
             bm.allocate(seq, 1 + k)
             if params.speculation is Speculation.NGRAM or not k:
-                self.drafts[seq.request_id] = Draft(tokens[:k] if k else [])
+                self.drafts[seq.request_id] = Draft(tokens[:k])         # k = 0: a plain decode, counted
             else:
                 layer_work.append((seq, k))
         if layer_work:
