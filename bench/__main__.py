@@ -50,6 +50,13 @@ def prompt(length: int, seed: int) -> list[int]:
     return [1] + [100 + (seed * 7919 + i * 104729) % 40000 for i in range(length - 1)]
 
 
+def repetitive(length: int, seed: int, period: int = 12) -> list[int]:
+    """BOS then a short pseudo-random walk repeated: text that repeats itself, as code and lists
+    do, where prompt lookup finds what comes next in the context."""
+    walk = prompt(period + 1, seed)[1:]
+    return [1] + (walk * (length // period + 1))[: length - 1]
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -65,8 +72,18 @@ def plan(args) -> list[dict]:
     n = 32 if args.quick else 128
     rounds = 1 if args.quick else args.rounds
     out = 16 if args.quick else 32
+    ours = {f"ours {f}" for f in FORMATS}
     scenarios = [
         dict(name="decode_1", kind="decode", args=(prompt(32, 1), n), rounds=rounds, unit="tok/s"),
+        # speculative decoding (ours only): the same request, and one whose prompt repeats itself
+        dict(name="decode_1_ngram", kind="decode_ngram", args=(prompt(32, 1), n), rounds=rounds, unit="tok/s"),
+        dict(name="decode_1_self", kind="decode_self", args=(prompt(32, 1), n), rounds=rounds, unit="tok/s"),
+        dict(name="decode_repeat", kind="decode", args=(repetitive(64, 5), n), rounds=rounds, unit="tok/s",
+             only=ours),
+        dict(name="decode_repeat_ngram", kind="decode_ngram", args=(repetitive(64, 5), n), rounds=rounds,
+             unit="tok/s"),
+        dict(name="decode_repeat_self", kind="decode_self", args=(repetitive(64, 5), n), rounds=rounds,
+             unit="tok/s"),
         dict(name="prefill_512", kind="prefill", args=(prompt(512, 2),), rounds=rounds, unit="tok/s"),
     ]
     if not args.quick:

@@ -7,6 +7,11 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 ROWS = [
     ("decode_1", "decode, one request (tok/s)"),
+    ("decode_1_ngram", "decode, one request, prompt lookup, k = 4 (tok/s)"),
+    ("decode_1_self", "decode, one request, self-speculation, k = 4 (tok/s)"),
+    ("decode_repeat", "decode, one request, a prompt that repeats itself (tok/s)"),
+    ("decode_repeat_ngram", "... the same, prompt lookup, k = 4 (tok/s)"),
+    ("decode_repeat_self", "... the same, self-speculation, k = 4 (tok/s)"),
     ("decode_1_contended", "decode, one request, beside a busy process (tok/s)"),
     ("prefill_512", "prefill, 512-token prompt (tok/s)"),
     ("prefill_4096", "prefill, 4,096-token prompt (tok/s)"),

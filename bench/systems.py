@@ -2,6 +2,8 @@
 
 Each system runs the same three measurements on the same token ids:
 - `decode(prompt, n)`: one request alone; -> output tokens/s after the first (1 / TPOT).
+  Ours also runs it with speculative decoding (`decode_ngram`, `decode_self`: prompt lookup and
+  self-speculation, SPECULATIVE_TOKENS draft tokens a pass; core/engine/speculative.py).
 - `prefill(prompt)`: one request, one output token; -> prompt tokens/s (len / TTFT).
 - `serve(prompts, n)`: every prompt at once; -> vLLM's serving metrics (benchmark_serving.py):
   output tokens/s over the whole run, TTFT and TPOT per request (p50, p99).
@@ -15,6 +17,8 @@ import time
 
 import numpy as np
 import torch
+
+SPECULATIVE_TOKENS = 4   # k of the speculative rows
 
 
 def serving_metrics(start: float, token_times: list[list[float]]) -> dict:
@@ -46,19 +50,26 @@ class Ours:
         """Bytes of weights one decode step reads: every linear layer and the LM head."""
         return self.engine.view.model.decode_weight_bytes()
 
-    def _run(self, prompts, n):
+    def _run(self, prompts, n, speculation=None):
         from core import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, speculation=speculation,
+                                num_speculative_tokens=SPECULATIVE_TOKENS if speculation else None)
         start = time.perf_counter()
         seqs = [self.engine.add_request(list(p), params, arrival_time=start) for p in prompts]
         while self.engine.has_unfinished_requests():
             self.engine.step()
         return start, [s.metrics.token_times for s in seqs]
 
-    def decode(self, prompt, n):
-        _, (times,) = self._run([prompt], n)
+    def decode(self, prompt, n, speculation=None):
+        _, (times,) = self._run([prompt], n, speculation)
         return (len(times) - 1) / (times[-1] - times[0])
+
+    def decode_ngram(self, prompt, n):
+        return self.decode(prompt, n, "ngram")
+
+    def decode_self(self, prompt, n):
+        return self.decode(prompt, n, "self")
 
     def prefill(self, prompt):
         start, (times,) = self._run([prompt], 1)

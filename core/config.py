@@ -93,6 +93,8 @@ class EngineConfig:
     kv_sink_tokens: int = 0               # KV eviction (StreamingLLM): the first tokens every query keeps seeing
     kv_window: int = 0                    # ... plus its last kv_window tokens; 0: full attention (see attention.py)
     lm_head_candidates: int = 64          # bf16/q8_0/q4_1: top logits recomputed exactly in fp32
+    self_draft_layers: int | None = None  # layers of the self-speculation draft (engine/drafts.py);
+                                          # None: a quarter of the model's
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets
     seed: int = 0                         # seeds the generators of unseeded sampling requests
     cache_dir: str | None = None          # converted weights and tokenizer; None: ~/.cache/sendlens
@@ -125,7 +127,7 @@ class EngineConfig:
         for name in ("share_cpu", "native"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameter(name, f"must be true or false, got {getattr(self, name)!r}")
-        for name in ("num_kv_blocks", "max_model_len", "num_threads"):
+        for name in ("num_kv_blocks", "max_model_len", "num_threads", "self_draft_layers"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):
                 raise InvalidParameter(name, f"must be a positive integer or None, got {value!r}")

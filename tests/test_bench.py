@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import report
-from bench.__main__ import plan, prompt, summarize
+from bench.__main__ import plan, prompt, repetitive, summarize
 from bench.systems import serving_metrics
 
 # A float64 formula (u = 2^-53) of at most 16 operations on the made-up results, evaluated here and
@@ -31,11 +31,28 @@ def test_prompts_are_the_same_for_every_system_and_differ_by_seed():
     assert prompt(32, 1) != prompt(32, 2)
 
 
+def test_the_repetitive_prompt_repeats_a_walk():
+    ids = repetitive(64, 5)
+    assert len(ids) == 64 and ids[0] == 1
+    assert ids[1:13] == ids[13:25] == prompt(13, 5)[1:]     # the same 12 tokens again and again
+    assert len(set(ids[1:])) == 12
+
+
+def test_the_speculative_rows_run_on_ours_only():
+    from bench import systems
+    kinds = {s["kind"] for s in plan(type("Args", (), {"quick": True, "rounds": 1}))}
+    assert {"decode_ngram", "decode_self"} <= kinds
+    for kind in ("decode_ngram", "decode_self"):
+        assert hasattr(systems.Ours, kind)
+        assert not hasattr(systems.Transformers, kind) and not hasattr(systems.LlamaCpp, kind)
+
+
 def test_plan_quick_and_full():
     class Args:
         quick, rounds = True, 3
     quick = {s["name"] for s in plan(Args)}
-    assert quick == {"decode_1", "prefill_512", "decode_1_contended", "serve_8", "serve_64"}
+    assert quick == {"decode_1", "prefill_512", "decode_1_contended", "serve_8", "serve_64",
+                     "decode_1_ngram", "decode_1_self", "decode_repeat", "decode_repeat_ngram", "decode_repeat_self"}
     Args.quick = False
     full = {s["name"]: s for s in plan(Args)}
     assert {"prefill_4096", "serve_32"} <= set(full)

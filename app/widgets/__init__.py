@@ -9,7 +9,7 @@ this list. A widget imports seam.py and base.py, never another widget (tests/wid
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
                kv_cache, kv_eviction, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache,
-               quantization, slo, tensor_parallel, throughput_latency, tokenizer)
+               quantization, slo, speculative, tensor_parallel, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -33,6 +33,7 @@ WIDGETS = [
     moe.WIDGET,
     quantization.WIDGET,
     kv_eviction.WIDGET,
+    speculative.WIDGET,
     slo.WIDGET,
     economics.WIDGET,
 ]

@@ -185,5 +185,17 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq) -> None:
+        """Give back the blocks past seq's computed tokens (a speculative pass's rejected draft
+        tokens, speculative.py): newly taken blocks that hold no computed token, never published."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                self.free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def ref_counts(self) -> list[int]:
         return [b.ref_count for b in self.blocks]

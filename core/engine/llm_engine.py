@@ -4,7 +4,8 @@ A step is: schedule (which sequences, how many tokens each; scheduler.py) -> run
 over all of them and sample one token for each sequence whose prompt is done (the model runner
 and the sampler) -> postprocess (append the token, detokenize, check stop conditions, publish
 full KV blocks to the prefix cache, free the blocks of finished requests) -> record the step
-(step_recorder.py). The model runner builds the model and the KV pool; the app reads the engine
+(step_recorder.py). A speculative request's decode checks its draft's tokens in the same run
+and may add several tokens at once (speculative.py). The model runner builds the model and the KV pool; the app reads the engine
 only through `engine.view` (view.py). The engine is single-threaded: EngineLoop runs it on a
 thread of its own for the web app; LLM drives it directly for offline use.
 """
@@ -24,6 +25,7 @@ from core.engine.outputs import RequestOutput
 from core.engine.sampling_params import SamplingParams
 from core.engine.scheduler import Scheduler, SchedulerOutput
 from core.engine.sequence import FinishReason, Sequence
+from core.engine.speculative import Speculator
 from core.engine.step_recorder import StepRecorder
 from core.engine.view import EngineView
 from core.errors import ContextLengthExceeded, InvalidParameter, is_int
@@ -35,10 +37,11 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Sampled:
-    """What a step's run gives back: a token (and its candidates) for each sequence that samples."""
+    """What a step's run gives back: tokens (and candidates) for each sequence that samples: one,
+    or a speculative pass's kept draft tokens and the model's own after them."""
 
     seqs: list[Sequence]
-    tokens: list[int]
+    tokens: list[list[int]]
     candidates: list      # per sequence: a list of Candidate, or None
     time: float           # time.perf_counter() when the tokens were ready
 
@@ -65,6 +68,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.sampler = Sampler()
+        self.speculator = Speculator(self)
         # A sequence can never grow past the window, nor past the whole pool.
         window = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.max_model_len = min(window, num_blocks * config.block_size)
@@ -168,23 +172,36 @@ class LLMEngine:
 
     def run(self, batch: SchedulerOutput) -> Sampled:
         """The model over every scheduled token at once, then one sampled token per sequence
-        whose computed tokens reach its end."""
+        whose computed tokens reach its end; speculative decodes first get their drafts, and
+        their passes keep what the model agrees with (speculative.py)."""
+        self.speculator.extend(batch)
         step_input = self.runner.prepare(batch.scheduled)
-        logits = self.runner.run(step_input)                       # (N, V)
         seqs = step_input.sample_seqs
+        if self.speculator.drafts:
+            tokens, candidates = self.speculator.run(step_input)
+            return Sampled(seqs, tokens, candidates, time.perf_counter())
+        logits = self.runner.run(step_input)                       # (N, V)
         tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return Sampled(seqs, tokens, candidates, time.perf_counter())
+        return Sampled(seqs, [[t] for t in tokens], candidates, time.perf_counter())
 
     def postprocess(self, batch: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:
-        """Advance the scheduled sequences, publish their full blocks to the prefix cache, append
-        the sampled tokens and check stop conditions (a finished request frees its blocks)."""
+        """Advance the scheduled sequences (less rejected draft tokens), publish their full blocks
+        to the prefix cache, append the sampled tokens and check stop conditions after each (a
+        finished request frees its blocks and drops the rest)."""
         for seq, n in batch.scheduled:
             seq.num_computed_tokens += n
+            self.speculator.roll_back(seq)
             self.block_manager.publish(seq)
         outputs = []
-        for seq, token, cands in zip(sampled.seqs, sampled.tokens, sampled.candidates):
-            self._append_token(seq, token, cands, sampled.time)
-            outputs.append(seq.output([token], seq.detokenizer.release(seq.is_finished)))
+        for seq, tokens, cands in zip(sampled.seqs, sampled.tokens, sampled.candidates):
+            self.speculator.kept_drafts(seq, tokens)
+            new = []
+            for token in tokens:
+                self._append_token(seq, token, cands, sampled.time)
+                new.append(token)
+                if seq.is_finished:
+                    break
+            outputs.append(seq.output(new, seq.detokenizer.release(seq.is_finished)))
         return outputs
 
     def _append_token(self, seq: Sequence, token: int, cands, now: float) -> None:

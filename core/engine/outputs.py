@@ -1,4 +1,5 @@
-"""What the engine hands back: RequestOutput (vLLM's shape) and the timings of a request."""
+"""What the engine hands back: RequestOutput (vLLM's shape), the timings of a request, and what a
+speculative request's drafts proposed and kept."""
 
 from dataclasses import dataclass, field
 
@@ -70,6 +71,72 @@ class RequestMetrics:
 
 
 @dataclass
+class VerifyPass:
+    """One verify pass of a speculative request: the draft's tokens, how many the model kept,
+    and the token the model added itself (the correction at the first rejection, or one more)."""
+
+    proposed: list[int]
+    accepted: int
+    token: int
+
+
+@dataclass
+class SpeculationStats:
+    """Counters of a speculative request (speculative.py). Every decode step is a verify pass,
+    also one whose draft proposed nothing; each pass adds its accepted tokens plus one."""
+
+    draft: str                     # "ngram" or "self"
+    num_speculative_tokens: int    # k, the most tokens a pass may check
+    proposed_per_position: list[int] = field(default_factory=list)  # [i]: passes with a draft token at i
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: ... whose token i was kept
+    passes: list[VerifyPass] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.proposed_per_position = self.proposed_per_position or [0] * self.num_speculative_tokens
+        self.accepted_per_position = self.accepted_per_position or [0] * self.num_speculative_tokens
+
+    def add(self, proposed: list[int], accepted: int, token: int) -> None:
+        for i in range(len(proposed)):
+            self.proposed_per_position[i] += 1
+            self.accepted_per_position[i] += i < accepted
+        self.passes.append(VerifyPass(list(proposed), accepted, token))
+
+    @property
+    def verify_passes(self) -> int:
+        return len(self.passes)
+
+    @property
+    def proposed(self) -> int:
+        return sum(self.proposed_per_position)
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_position)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Kept draft tokens over proposed ones; None before any was proposed."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def acceptance_per_position(self) -> list[float | None]:
+        """[i]: the share of passes with a draft token at position i that kept it."""
+        return [a / p if p else None for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        """Tokens each verify pass added on average (1 is plain decoding)."""
+        return (self.accepted + self.verify_passes) / self.verify_passes if self.passes else None
+
+    def as_dict(self) -> dict:
+        return {"draft": self.draft, "num_speculative_tokens": self.num_speculative_tokens,
+                "proposed": self.proposed, "accepted": self.accepted, "verify_passes": self.verify_passes,
+                "proposed_per_position": list(self.proposed_per_position),
+                "accepted_per_position": list(self.accepted_per_position),
+                "acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass}
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -94,6 +161,7 @@ class RequestOutput:
     new_text: str = ""               # text released by this step (held back near a stop string)
     candidates: list[list[Candidate]] | None = None  # per generated token, if asked for
     error: str | None = None         # set when the engine failed on this request (a bug)
+    speculation: SpeculationStats | None = None  # a speculative request's counters
 
     @property
     def outputs(self) -> list[CompletionOutput]:

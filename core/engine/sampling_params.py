@@ -1,6 +1,8 @@
-"""SamplingParams: how one request picks its next tokens and when it stops (vLLM's names)."""
+"""SamplingParams: how one request picks its next tokens and when it stops (vLLM's names), and
+whether a draft proposes tokens for the model to verify (speculative decoding, speculative.py)."""
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from core.errors import InvalidParameter, is_int
 
@@ -9,6 +11,14 @@ MAX_TEMPERATURE = 100.0  # beyond this every distribution is flat anyway
 GREEDY_BELOW = 1e-5      # a smaller temperature is greedy (dividing by it would overflow fp32)
 MAX_TOKENS = 1 << 30     # an upper bound for max_tokens and top_k (the context ends far sooner)
 MAX_SEED = (1 << 63) - 1
+MAX_SPECULATIVE_TOKENS = 16  # the most draft tokens one verify pass may check
+DEFAULT_SPECULATIVE_TOKENS = 4
+
+
+class Speculation(str, Enum):
+    """Where a speculative request's draft tokens come from (core/engine/drafts.py)."""
+    NGRAM = "ngram"  # prompt lookup: what followed the last n tokens where they occurred before
+    SELF = "self"    # the model's own first layers with its shared head (self-speculation)
 
 
 @dataclass
@@ -22,6 +32,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # tokens that end it, besides EOS
     ignore_eos: bool = False       # keep going past the end-of-sequence token
     top_candidates: int = 0        # report the N most likely tokens each step, before/after filters
+    speculation: Speculation | str | None = None  # "ngram" or "self": a draft proposes, the model verifies
+    num_speculative_tokens: int | None = None     # draft tokens per verify pass (None: 4 with speculation)
 
     def __post_init__(self):
         def number(name, value, lo, hi, integer=False):
@@ -51,6 +63,23 @@ class SamplingParams:
             raise InvalidParameter("stop", "must be a non-empty string or a list of them")
         if not isinstance(self.stop_token_ids, list) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise InvalidParameter("stop_token_ids", "must be a list of token ids")
+        self._check_speculation(number)
+
+    def _check_speculation(self, number) -> None:
+        if self.speculation is None:
+            if self.num_speculative_tokens is not None:
+                raise InvalidParameter("num_speculative_tokens", "needs speculation (\"ngram\" or \"self\")")
+            return
+        try:
+            self.speculation = Speculation(self.speculation)
+        except ValueError:
+            raise InvalidParameter("speculation", f"must be one of {[s.value for s in Speculation]} or None, "
+                                   f"got {self.speculation!r}") from None
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = DEFAULT_SPECULATIVE_TOKENS
+        number("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS, integer=True)
+        if self.top_candidates:
+            raise InvalidParameter("top_candidates", "cannot be combined with speculation")
 
     @property
     def greedy(self) -> bool:

@@ -10,7 +10,7 @@ from enum import Enum
 
 import torch
 
-from core.engine.outputs import Candidate, RequestMetrics, RequestOutput
+from core.engine.outputs import Candidate, RequestMetrics, RequestOutput, SpeculationStats
 from core.engine.sampling_params import SamplingParams
 from core.model.detokenizer import Detokenizer
 
@@ -48,6 +48,8 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.generator: torch.Generator | None = None
         self.candidates: list[list[Candidate]] | None = [] if params.top_candidates else None
+        self.speculation = (SpeculationStats(params.speculation.value, params.num_speculative_tokens)
+                            if params.speculation else None)
 
     @property
     def num_tokens(self) -> int:
@@ -84,4 +86,5 @@ class Sequence:
             new_token_ids=new_token_ids,
             new_text=new_text,
             candidates=self.candidates,
+            speculation=self.speculation,
         )

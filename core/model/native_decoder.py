@@ -26,12 +26,13 @@ PRODUCT_CODES = {Product.OWN: 0, Product.ONEDNN: 1, Product.PLAIN: 2}   # decode
 class NativeDecoder:
     """A Transformer's dense layers as one C++ object, holding its tensors (no copies)."""
 
-    def __init__(self, model, ext):
+    def __init__(self, model, ext, num_layers: int | None = None):
+        """num_layers: only the first layers (a self-speculation draft, core/engine/drafts.py)."""
         cfg = model.config
         fmt = model.weight_format
         products = model.layers[0].attn.qkv_proj.kernel   # every layer's are alike (linear.PackedLinear)
         layers = []
-        for block in model.layers:
+        for block in model.layers[:num_layers]:
             tensors = [block.attn_norm.weight, block.mlp_norm.weight]
             for linear in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
                 tensors.extend(linear.kernel.tensors)
@@ -48,9 +49,10 @@ class NativeDecoder:
                                     batch.eviction.window)
 
 
-def native_decoder(model) -> NativeDecoder | None:
-    """The C++ decoder for `model`, or None where it cannot run (no build here, or experts)."""
+def native_decoder(model, num_layers: int | None = None) -> NativeDecoder | None:
+    """The C++ decoder for `model` (or its first num_layers layers), or None where it cannot run
+    (no build here, or experts)."""
     if model.config.num_experts:
         return None
     ext = kernels(model.config)
-    return NativeDecoder(model, ext) if ext is not None else None
+    return NativeDecoder(model, ext, num_layers) if ext is not None else None
