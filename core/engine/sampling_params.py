@@ -9,6 +9,13 @@ MAX_TEMPERATURE = 100.0  # beyond this every distribution is flat anyway
 GREEDY_BELOW = 1e-5      # a smaller temperature is greedy (dividing by it would overflow fp32)
 MAX_TOKENS = 1 << 30     # an upper bound for max_tokens and top_k (the context ends far sooner)
 MAX_SEED = (1 << 63) - 1
+MAX_N = 64               # samples per request at most (each needs a batch slot: max_num_seqs bounds it too)
+
+
+def derived_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded `seed` (vLLM's rule: seed + index, here
+    wrapped into 0..MAX_SEED). Sample i gives the same tokens as a lone request with this seed."""
+    return (seed + index) % (MAX_SEED + 1)
 
 
 @dataclass
@@ -22,6 +29,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # tokens that end it, besides EOS
     ignore_eos: bool = False       # keep going past the end-of-sequence token
     top_candidates: int = 0        # report the N most likely tokens each step, before/after filters
+    n: int = 1                     # samples of the prompt; they share its KV blocks (parallel sampling)
 
     def __post_init__(self):
         def number(name, value, lo, hi, integer=False):
@@ -41,6 +49,7 @@ class SamplingParams:
             self.top_k = 0
         number("max_tokens", self.max_tokens, 1, MAX_TOKENS, integer=True)
         number("top_candidates", self.top_candidates, 0, MAX_TOP_CANDIDATES, integer=True)
+        number("n", self.n, 1, MAX_N, integer=True)
         if self.seed is not None:
             number("seed", self.seed, 0, MAX_SEED, integer=True)
         if self.stop is None:
