@@ -47,6 +47,7 @@ class Sampled:
     candidates: list      # per sequence: a list of Candidate, or None
     time: float           # time.perf_counter() when the tokens were ready
     logits: object = None # (N, V), kept for the beams among seqs
+    moves: object = None  # BlockMoves carried out before the forward pass
 
 
 @dataclasses.dataclass
@@ -209,10 +210,9 @@ class LLMEngine:
         if not batch.scheduled:
             return []
         self.recorder.begin(batch)
-        moves = self.move_blocks()
         sampled = self.run(batch)
         outputs = self.postprocess(batch, sampled)
-        self.recorder.end(batch, outputs, sampled.time, moves)
+        self.recorder.end(batch, outputs, sampled.time, sampled.moves)
         return outputs
 
     def move_blocks(self) -> BlockMoves:
@@ -241,7 +241,8 @@ class LLMEngine:
 
     def run(self, batch: SchedulerOutput) -> Sampled:
         """The model over every scheduled token at once, then one sampled token per sequence
-        whose computed tokens reach its end."""
+        whose computed tokens reach its end. First the block moves the scheduler queued."""
+        moves = self.move_blocks()
         step_input = self.runner.prepare(batch.scheduled)
         logits = self.runner.run(step_input)                       # (N, V)
         seqs = step_input.sample_seqs
@@ -250,7 +251,7 @@ class LLMEngine:
             seqs = [t for s in seqs for t in (s, *(s.group.unforked if _forks_samples(s) else ()))]
             logits = logits[rows]
         tokens, candidates = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return Sampled(seqs, tokens, candidates, time.perf_counter(), logits)
+        return Sampled(seqs, tokens, candidates, time.perf_counter(), logits, moves)
 
     def postprocess(self, batch: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:
         """Advance the scheduled sequences, publish their full blocks to the prefix cache, append
