@@ -87,11 +87,13 @@ def test_sharing_page(pg, artifacts_dir):
     wait_ready(page, SH, timeout=180_000)
     assert figure_value(page, "blocks_saved", SH) == figure_value(page, "peak_blocks_separate", SH) - figure_value(
         page, "peak_blocks_shared", SH) > 0
+    assert figure_value(page, "copies", SH) >= 0
     assert page.locator(f"{SH} .sh-block.is-shared").count() > 0
     page.select_option(f'{SH} select[name="scenario"]', "preemption")
     page.wait_for_function(f"""() => document.querySelector('{SH} [data-figure="same_tokens"]').dataset.value === "1" """,
                            timeout=180_000)
     assert figure_value(page, "host_link_ms", SH) > 0
+    assert figure_value(page, "swap_ms", SH) > 0 and figure_value(page, "recompute_ms", SH) > 0
     page.screenshot(path=str(artifacts_dir / "sharing-preemption-1280.png"))
     on_a_phone(pg, "sharing", "?sharing.scenario=beams", artifacts_dir, ready_timeout=180_000)
     pg.assert_clean()
