@@ -47,7 +47,7 @@ def sharing(call) -> None:
     scenario = msg.get("scenario", "samples")
     if scenario not in SCENARIOS:
         raise InvalidParameter("scenario", f"must be one of {list(SCENARIOS)}, got {scenario!r}")
-    prompt = text(msg, "prompt") if "prompt" in msg else "Name a colour:"
+    prompt = text(msg, "prompt") if "prompt" in msg else "Name a colour of the sea:"
     ids = call.tokenizer.encode(prompt)
     if len(ids) > MAX_PROMPT_TOKENS:
         raise InvalidParameter("prompt", f"is {len(ids)} tokens; the most this widget takes is {MAX_PROMPT_TOKENS}")

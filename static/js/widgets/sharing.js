@@ -63,8 +63,8 @@ function tableRow(t, copiedStep) {
   return el("div", { class: "sh-row" }, [
     el("span", { class: "sh-name", text: `${t.name} (${t.tokens} tokens)` }),
     el("span", { class: "sh-blocks" }, t.blocks.map((b, i) => el("span", {
-      class: `sh-block${t.refs[i] > 1 ? " is-shared" : ""}${copiedStep && i === t.blocks.length - 1 ? " is-copied" : ""}`,
-      title: `block ${b}: ${t.refs[i]} sequence${t.refs[i] === 1 ? "" : "s"} read it`,
+      class: `sh-block${t.refs[i] > 1 ? " is-shared" : ""}${copiedStep && i === t.blocks.length - 1 && t.refs[i] === 1 ? " is-copied" : ""}`,
+      title: `block ${b}: ${t.refs[i]} sequence${t.refs[i] === 1 ? " reads" : "s read"} it`,
       text: t.refs[i] > 1 ? `${b}×${t.refs[i]}` : String(b),
     }))),
   ]);
@@ -75,7 +75,7 @@ function renderStep(v, i) {
   if (!s) return;
   v.slider.value = String(i);
   const copied = s.copied > 0;
-  v.stepLabel.textContent = `step ${i + 1} of ${r.steps.length}: ${fmtNum(s.used)} blocks in use`
+  v.stepLabel.textContent = `step ${i + 1} of ${r.steps.length}: ${fmtNum(s.used)} block${s.used === 1 ? "" : "s"} in use`
     + (copied ? `, ${s.copied} block${s.copied === 1 ? "" : "s"} copied on write` : "");
   v.steps.replaceChildren(...s.tables.map((t) => tableRow(t, copied)));
   v.steps.classList.toggle("is-cow", copied);
@@ -123,8 +123,9 @@ function render(v, r) {
   }
   if (r.scenario === "preemption") renderRuns(v, r);
   v.slider.max = String(Math.max(0, steps.length - 1));
-  const cow = steps.findIndex((s) => s.copied > 0);
-  renderStep(v, cow >= 0 ? cow : 0);
+  // start where it happens: the copy-on-write step, or the first preemption
+  const first = steps.findIndex((s) => s.copied > 0 || (s.preempted && s.preempted.length > 0));
+  renderStep(v, first >= 0 ? first : 0);
   const m = r.machine;
   v.note.textContent = `Run here at ${m.measured_at.slice(11, 16)} UTC on ${threadsOn(m)}, on an engine beside the serving one `
     + `with blocks of ${r.block_size} tokens. Times are measured on a shared machine and vary from run to run.`;
