@@ -272,3 +272,4 @@ def test_beam_search_params_are_validated_by_name(make_tiny_engine):
     with pytest.raises(InvalidParameter) as err:
         engine.add_beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=2))
     assert err.value.param == "beam_width"
+

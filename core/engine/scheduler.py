@@ -102,6 +102,13 @@ class Scheduler:
         while self.swapped and not out.preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.swapped[0]
             n = cost = seq.num_uncomputed_tokens
+            if n == 0:               # a beam that had its logits: back in, nothing to compute yet
+                if len(seq.host_table) > self.block_manager.num_free_blocks or seq.num_seats > self.slots.count(None):
+                    break
+                self.swapped.popleft()
+                self.swap_in(seq)
+                out.swapped_in.append(seq)
+                continue
             if chunked:
                 n, cost = self.chunk(seq.num_computed_tokens, n, budget)
             elif n > budget:
