@@ -69,6 +69,12 @@ class Scheduling(str, Enum):
     STATIC = "static"          # a batch runs until all its members finish (the old baseline)
 
 
+class PreemptionMode(str, Enum):
+    """How the scheduler takes blocks back when the KV pool runs short (core/engine/swap.py)."""
+    RECOMPUTE = "recompute"  # free the blocks; prefill prompt and outputs again later
+    SWAP = "swap"            # copy the blocks to a bounded host pool and back
+
+
 @dataclass
 class EngineConfig:
     model: str = "smollm2-135m"
@@ -95,6 +101,8 @@ class EngineConfig:
     lm_head_candidates: int = 64          # bf16/q8_0/q4_1: top logits recomputed exactly in fp32
     self_draft_layers: int | None = None  # layers of the self-speculation draft (engine/drafts.py);
                                           # None: a quarter of the model's
+    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE  # recompute or swap (see core/engine/swap.py)
+    num_swap_blocks: int | None = None    # swap: the host pool's size in blocks (None: as many as the KV pool)
     trace_steps: int = 4096               # step-trace rows kept for the batching widgets
     seed: int = 0                         # seeds the generators of unseeded sampling requests
     cache_dir: str | None = None          # converted weights and tokenizer; None: ~/.cache/sendlens
@@ -105,6 +113,11 @@ class EngineConfig:
         except ValueError:
             raise InvalidParameter("scheduling", f"must be one of {[s.value for s in Scheduling]}, "
                                    f"got {self.scheduling!r}") from None
+        try:
+            self.preemption_mode = PreemptionMode(self.preemption_mode)
+        except ValueError:
+            raise InvalidParameter("preemption_mode", f"must be one of {[m.value for m in PreemptionMode]}, "
+                                   f"got {self.preemption_mode!r}") from None
         try:
             self.weight_format = WeightFormat(self.weight_format)
         except ValueError:
@@ -127,7 +140,7 @@ class EngineConfig:
         for name in ("share_cpu", "native"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameter(name, f"must be true or false, got {getattr(self, name)!r}")
-        for name in ("num_kv_blocks", "max_model_len", "num_threads", "self_draft_layers"):
+        for name in ("num_kv_blocks", "max_model_len", "num_threads", "self_draft_layers", "num_swap_blocks"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):
                 raise InvalidParameter(name, f"must be a positive integer or None, got {value!r}")

@@ -11,6 +11,7 @@ batched together exactly as concurrent users' requests are.
 from dataclasses import fields
 
 from core.config import EngineConfig
+from core.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from core.engine.llm_engine import LLMEngine
 from core.engine.outputs import RequestOutput
 from core.engine.sampling_params import SamplingParams
@@ -47,6 +48,18 @@ class LLM:
         for seq in seqs:
             self.engine.add_sequence(seq)
         return self._run({s.request_id for s in seqs}, [s.request_id for s in seqs])
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """prompts: as generate's. One BeamSearchOutput per prompt: its beams, best first, each
+        with token_ids, text and cum_logprob (vLLM's beam_search; see core/engine/beam_search.py)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, list):
+            raise InvalidParameter("prompts", "must be a string, a list of token ids, or a list of them")
+        groups = [self.engine.add_beam_search(p, params) for p in prompts]
+        while not all(g.is_finished for g in groups):
+            self.engine.step()
+        return [g.result for g in groups]
 
     def chat(self, messages, sampling_params: SamplingParams | None = None):
         """messages: [{"role": ..., "content": ...}, ...] -> one RequestOutput (or a list of

@@ -747,3 +747,29 @@ def test_zz_every_kv_block_is_free_at_the_end(live_server):
     engine = live_server.runtime.engine
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+# ---- n samples -------------------------------------------------------------------------------
+def test_generate_n_streams_each_samples_tokens_with_its_index(live_server, ws, reference_llm):
+    from core.engine.sampling_params import derived_seed
+    prompt = "Once upon a time"
+    s = ws.generate(prompt=prompt, max_tokens=5, n=3, temperature=8.0, seed=4)
+    assert s.error is None and s.accepted["n"] == 3
+    by_sample = {i: [m for m in s.tokens if m["sample"] == i] for i in range(3)}
+    assert set(m["sample"] for m in s.tokens) == {0, 1, 2}
+    for i, tokens in by_sample.items():
+        assert [m["index"] for m in tokens] == list(range(5))
+        lone = reference_llm.generate(prompt, SamplingParams(temperature=8.0, seed=derived_seed(4, i), max_tokens=5))[0]
+        assert [m["token_id"] for m in tokens] == lone.token_ids
+        assert "".join(m["text"] for m in tokens) == s.done["samples"][i]["text"] == lone.text
+    assert [d["sample"] for d in s.done["samples"]] == [0, 1, 2]
+    assert all(d["finish_reason"] == "length" and d["completion_tokens"] == 5 for d in s.done["samples"])
+    assert s.done["text"] == s.done["samples"][0]["text"]
+
+
+def test_generate_n_over_max_samples_is_refused_by_name(live_server, ws):
+    limit = live_server.runtime.config.max_samples
+    for n in (limit + 1, 0):
+        err = ws.error({"type": "generate", "id": "n", "prompt": "Hi", "n": n}, mid="n")
+        assert err["code"] == "invalid_request" and err["param"] == "n", err
+    assert_works(ws)

@@ -9,7 +9,7 @@ this list. A widget imports seam.py and base.py, never another widget (tests/wid
 
 from . import (attention, batching, block, chat, chunked_prefill, economics, embedding, gemm, generation,
                kv_cache, kv_eviction, kv_memory, moe, paging, phases, pipeline, positions, prefix_cache,
-               quantization, slo, speculative, tensor_parallel, throughput_latency, tokenizer)
+               quantization, sharing, slo, speculative, tensor_parallel, throughput_latency, tokenizer)
 
 WIDGETS = [
     chat.WIDGET,
@@ -23,6 +23,7 @@ WIDGETS = [
     kv_cache.WIDGET,
     kv_memory.WIDGET,
     paging.WIDGET,
+    sharing.WIDGET,
     gemm.WIDGET,
     throughput_latency.WIDGET,
     batching.WIDGET,

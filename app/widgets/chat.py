@@ -1,8 +1,9 @@
 """Widget `chat` (section 1): a real chat with the model, streamed token by token.
 
-Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, seed, stop} ->
+Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, seed, stop, n} ->
 `accepted`, then `token` per token and `done` (finish reason, cached tokens, timings and the
-request's timeline of engine steps); `template` {messages} -> the chat template's tokens, each
+request's timeline of engine steps); with n > 1 samples, each token says which `sample` it
+belongs to and `done` lists every sample's ending; `template` {messages} -> the chat template's tokens, each
 labelled with where it came from. The prompt comes from the seam's `chat_prompt`, as the stepper's
 of section 7 (`generation`) does.
 """
@@ -26,8 +27,16 @@ def sampling_params(msg: dict, config, **extra) -> SamplingParams:
         top_p=msg.get("top_p", 1.0),
         seed=msg.get("seed"),
         stop=msg.get("stop"),
+        n=samples(msg, config),
         **extra,
     )
+
+
+def samples(msg: dict, config) -> int:
+    n = msg.get("n", 1)
+    if is_int(n) and n > config.max_samples:
+        raise InvalidParameter("n", f"must be at most {config.max_samples} on this server (max_samples)")
+    return n
 
 
 def token_message(mid, out: RequestOutput) -> dict:
@@ -63,17 +72,32 @@ def done_message(mid, out: RequestOutput, tokenizer) -> dict:
     }
 
 
+def sample_token_messages(mid, out: RequestOutput) -> list[dict]:
+    """n > 1: a token message for each sample that got one, with the sample's index."""
+    t0 = out.metrics.arrival_time
+    return [{"type": "token", "id": mid, "sample": c.index, "index": len(c.token_ids) - 1,
+             "token_id": c.new_token_ids[-1], "text": c.new_text,
+             "t_ms": ms(c.metrics.token_times[len(c.token_ids) - 1] - t0)}
+            for c in out.samples if c.new_token_ids]
+
+
 def stream_messages(tokenizer):
     """The messages for one engine output of a generate request: a token, then done or error."""
     def format_output(mid, out: RequestOutput) -> list[dict]:
         messages = []
-        if out.new_token_ids:
+        if out.samples is not None:
+            messages.extend(sample_token_messages(mid, out))
+        elif out.new_token_ids:
             messages.append(token_message(mid, out))
         if out.error:
             messages.append({"type": "error", "id": mid, "code": "internal_error", "message": out.error,
                              "param": None})
         elif out.finished:
-            messages.append(done_message(mid, out, tokenizer))
+            done = done_message(mid, out, tokenizer)
+            if out.samples is not None:
+                done["samples"] = [{"sample": c.index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                                    "completion_tokens": len(c.token_ids), "text": c.text} for c in out.samples]
+            messages.append(done)
         return messages
     return format_output
 
@@ -82,7 +106,7 @@ def generate(call) -> None:
     prompt = chat_prompt(call)
     params = sampling_params(call.msg, call.config)
     call.submit(prompt, params, stream_messages(call.tokenizer), accepted=lambda seq: {
-        "prompt_tokens": seq.num_prompt_tokens, "max_tokens": params.max_tokens,
+        "prompt_tokens": seq.num_prompt_tokens, "max_tokens": params.max_tokens, "n": params.n,
         "context_window": call.info["context_window"]})
 
 
@@ -100,7 +124,7 @@ def template(call) -> None:
 
 
 WIDGET = Widget("chat", messages=(
-    message("generate", {"messages", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop"},
+    message("generate", {"messages", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "n"},
             generate, request=True),
     message("template", {"messages"}, template),
 ))

@@ -56,9 +56,10 @@ def summarize(kv: dict, tables: list[dict], pool: dict, window: int, mine: froze
     # value are written by the next step. The slots count the tokens whose K and V are in the pool.
     tokens = sum(t["num_computed_tokens"] for t in tables)
     reserved = len(tables) * window                             # max-length buffers, one each
-    # Shared blocks are full (only full blocks are published), so every empty slot lies in a
-    # request's own last block.
-    empty = sum(len(t["blocks"]) * bs - t["num_computed_tokens"] for t in tables)
+    # Empty slots lie only in a request's last block. Prefix-shared blocks are full; n samples
+    # share their prompt's partial last block until each writes its own copy: count it once.
+    empty = sum({t["blocks"][-1]: len(t["blocks"]) * bs - t["num_computed_tokens"]
+                 for t in tables if t["blocks"]}.values())
     requests = [{
         "request_id": t["request_id"], "yours": t["request_id"] in mine, "num_tokens": t["num_tokens"],
         "num_computed_tokens": t["num_computed_tokens"], "num_cached_tokens": t["num_cached_tokens"],

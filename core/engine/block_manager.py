@@ -11,14 +11,29 @@ published; a later request whose prompt starts with the same tokens takes those 
 count + 1) instead of computing them again. A block whose last user finishes is free but keeps its
 contents and hash: it is reused on a hit, or evicted, least recently used first, when the pool
 needs a block.
+
+Sharing and copy-on-write. Parallel samples and beams fork from one sequence by taking its block
+table (every block's reference count + 1). Full shared blocks are only read; the first write into
+a shared, partial block gives the writer a fresh copy (the last user writes in place), so one
+divergence costs one block copy. The copies, and the swap-outs and swap-ins of preemption by
+swapping (swap.py), are queued in `ops` in the order they were decided, for the model runner to
+carry out before the step's forward pass.
 """
 
 import hashlib
 from collections import OrderedDict
 
+from enum import Enum
+
 import numpy as np
 
 from core.errors import InvalidParameter
+
+
+class BlockOp(str, Enum):
+    COPY = "copy"          # pool block -> pool block (copy-on-write)
+    SWAP_OUT = "swap_out"  # pool block -> host-pool block
+    SWAP_IN = "swap_in"    # host-pool block -> pool block
 
 
 class Block:
@@ -76,6 +91,8 @@ class BlockManager:
         # prefix go to the end when freed (least recently used first); empty ones to the front.
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[bytes, int] = {}  # published hash -> block id
+        self.ops: list[tuple[BlockOp, int, int]] = []  # (op, source, destination), for the runner
+        self.num_copies = 0                  # copy-on-write copies so far
 
     # -- pool state ---------------------------------------------------------------------------
     @property
@@ -150,17 +167,42 @@ class BlockManager:
         self.allocate(seq, num_new_tokens)
 
     def can_allocate(self, seq, num_new_tokens: int) -> bool:
-        """Are there blocks for seq's next num_new_tokens (beyond those computed)?"""
+        """Are there blocks for seq's next num_new_tokens (beyond those computed), a copy of a
+        shared block they write into included?"""
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return need <= self.num_free_blocks
+        return need + (self._shared_write_block(seq) is not None) <= self.num_free_blocks
 
     def allocate(self, seq, num_new_tokens: int) -> None:
-        """Append blocks to seq's table so its next num_new_tokens have slots (may_append)."""
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        if need > self.num_free_blocks:
+        """Append blocks to seq's table so its next num_new_tokens have slots (may_append); copy
+        the block they start in if another sequence shares it (copy-on-write)."""
+        if not self.can_allocate(seq, num_new_tokens):
             raise RuntimeError("allocate called without room; the scheduler checks can_allocate first")
+        i = self._shared_write_block(seq)
+        if i is not None:
+            src = self.blocks[seq.block_table[i]]
+            dst = self._take_free_block()
+            src.ref_count -= 1                 # still >= 1: the others keep reading it
+            seq.block_table[i] = dst
+            self.ops.append((BlockOp.COPY, src.block_id, dst))
+            self.num_copies += 1
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         for _ in range(need):
             seq.block_table.append(self._take_free_block())
+
+    def _shared_write_block(self, seq) -> int | None:
+        """Index in seq's table of the block its next token is written into, if others share it."""
+        i = seq.num_computed_tokens // self.block_size
+        if i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1:
+            return i
+        return None
+
+    def fork(self, parent, child) -> None:
+        """child takes parent's blocks (each block's reference count + 1) and computed tokens."""
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free.popitem(last=False)
@@ -174,6 +216,12 @@ class BlockManager:
 
     def free_blocks(self, seq) -> None:
         """Give back seq's blocks. Last blocks first, so a prefix's tail is evicted before its head."""
+        self.release(seq)
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def release(self, seq) -> None:
+        """Give back seq's blocks but keep its computed count (their contents went to the host pool)."""
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -182,8 +230,12 @@ class BlockManager:
                 if block.hash is None:
                     self.free.move_to_end(block_id, last=False)
         seq.block_table = []
-        seq.block_hashes = []
-        seq.num_computed_tokens = 0
+
+    def take_blocks(self, count: int) -> list[int]:
+        """count free blocks, each with reference count 1 (for a sequence swapped back in)."""
+        if count > self.num_free_blocks:
+            raise RuntimeError("take_blocks called without room")
+        return [self._take_free_block() for _ in range(count)]
 
     def trim(self, seq) -> None:
         """Give back the blocks past seq's computed tokens (a speculative pass's rejected draft

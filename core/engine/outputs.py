@@ -138,11 +138,16 @@ class SpeculationStats:
 
 @dataclass
 class CompletionOutput:
+    """One of a request's n samples, as vLLM lays it out; new_* is what this step added to it."""
+
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: int | str | None
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    metrics: "RequestMetrics | None" = None   # this sample's own timings (n > 1)
 
 
 @dataclass
@@ -163,7 +168,12 @@ class RequestOutput:
     error: str | None = None         # set when the engine failed on this request (a bug)
     speculation: SpeculationStats | None = None  # a speculative request's counters
 
+    samples: list[CompletionOutput] | None = None  # n > 1: every sample (the fields above: sample 0's)
+
     @property
     def outputs(self) -> list[CompletionOutput]:
-        """vLLM's layout: one completion per request (n=1)."""
-        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.stop_reason)]
+        """vLLM's layout: the request's completions, by index (one when n = 1)."""
+        if self.samples is not None:
+            return self.samples
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.stop_reason,
+                                 self.new_token_ids, self.new_text)]

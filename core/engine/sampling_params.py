@@ -13,12 +13,19 @@ MAX_TOKENS = 1 << 30     # an upper bound for max_tokens and top_k (the context 
 MAX_SEED = (1 << 63) - 1
 MAX_SPECULATIVE_TOKENS = 16  # the most draft tokens one verify pass may check
 DEFAULT_SPECULATIVE_TOKENS = 4
+MAX_N = 64               # samples per request at most (each needs a batch slot: max_num_seqs bounds it too)
 
 
 class Speculation(str, Enum):
     """Where a speculative request's draft tokens come from (core/engine/drafts.py)."""
     NGRAM = "ngram"  # prompt lookup: what followed the last n tokens where they occurred before
     SELF = "self"    # the model's own first layers with its shared head (self-speculation)
+
+
+def derived_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded `seed` (vLLM's rule: seed + index, here
+    wrapped into 0..MAX_SEED). Sample i gives the same tokens as a lone request with this seed."""
+    return (seed + index) % (MAX_SEED + 1)
 
 
 @dataclass
@@ -34,6 +41,7 @@ class SamplingParams:
     top_candidates: int = 0        # report the N most likely tokens each step, before/after filters
     speculation: Speculation | str | None = None  # "ngram" or "self": a draft proposes, the model verifies
     num_speculative_tokens: int | None = None     # draft tokens per verify pass (None: 4 with speculation)
+    n: int = 1                     # samples of the prompt; they share its KV blocks (parallel sampling)
 
     def __post_init__(self):
         def number(name, value, lo, hi, integer=False):
@@ -53,6 +61,7 @@ class SamplingParams:
             self.top_k = 0
         number("max_tokens", self.max_tokens, 1, MAX_TOKENS, integer=True)
         number("top_candidates", self.top_candidates, 0, MAX_TOP_CANDIDATES, integer=True)
+        number("n", self.n, 1, MAX_N, integer=True)
         if self.seed is not None:
             number("seed", self.seed, 0, MAX_SEED, integer=True)
         if self.stop is None:
@@ -80,6 +89,8 @@ class SamplingParams:
         number("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS, integer=True)
         if self.top_candidates:
             raise InvalidParameter("top_candidates", "cannot be combined with speculation")
+        if self.n != 1:
+            raise InvalidParameter("n", f"speculation verifies one sample per request: use n=1 (got {self.n})")
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ from core.model.detokenizer import Detokenizer
 class SequenceStatus(Enum):
     WAITING = "waiting"    # queued, or preempted and queued again
     RUNNING = "running"    # holds KV blocks and a batch slot
+    SWAPPED = "swapped"    # preempted by swapping: its blocks wait in the host pool
     FINISHED = "finished"
 
 
@@ -50,6 +51,14 @@ class Sequence:
         self.candidates: list[list[Candidate]] | None = [] if params.top_candidates else None
         self.speculation = (SpeculationStats(params.speculation.value, params.num_speculative_tokens)
                             if params.speculation else None)
+        self.index = 0                         # which of its request's n samples (or beams) it is
+        self.group = None                      # SequenceGroup of an n > 1 request, BeamGroup of a beam
+        self.host_table: list[int] = []        # host-pool blocks while swapped out
+
+    @property
+    def num_seats(self) -> int:
+        """Batch slots it needs to start: its own, and one per sample still to fork from it."""
+        return 1 + (len(self.group.unforked) if self.group is not None and self.index == 0 else 0)
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +81,8 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     def output(self, new_token_ids: list[int], new_text: str) -> RequestOutput:
+        if self.group is not None:   # one output for all n samples
+            return self.group.output({self.index: (new_token_ids, new_text)})
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,

@@ -79,35 +79,36 @@ class Speculator:
                 batch.scheduled[i] = (seq, 1 + len(draft.tokens))
 
     # -- 2. run and 3. verify ------------------------------------------------------------------
-    def run(self, step_input):
-        """The model over the batch, then tokens for every sequence that samples: [token] for a
-        plain one, the kept draft tokens plus the model's own for a speculative one.
-        -> (tokens per sampling sequence, candidates per sampling sequence)."""
-        engine = self.engine
-        seqs = step_input.sample_seqs
-        spans, rows = [], []
-        for seq, last in zip(seqs, step_input.sample_rows.tolist()):
+    def widen(self, step_input):
+        """The rows to sample: a speculative sequence's last token and each of its draft tokens
+        (d + 1 rows), one row for every other sequence. -> the step input with those rows."""
+        if not self.drafts:
+            return step_input
+        rows = []
+        for seq, last in zip(step_input.sample_seqs, step_input.sample_rows.tolist()):
             d = len(self.drafts[seq.request_id].tokens) if seq.request_id in self.drafts else 0
-            spans.append((len(rows), d))
             rows.extend(range(last - d, last + 1))
-        logits = engine.runner.run(dataclasses.replace(step_input, sample_rows=torch.tensor(rows)))  # (R, V)
-        plain = [i for i, s in enumerate(seqs) if s.request_id not in self.drafts]
-        tokens: list[list[int]] = [[] for _ in seqs]
-        candidates = [None] * len(seqs)
-        if plain:
-            picked, cands = engine.sampler(logits[[spans[i][0] for i in plain]], [seqs[i].params for i in plain],
-                                           [seqs[i].generator for i in plain])
-            for i, t, c in zip(plain, picked, cands):
-                tokens[i], candidates[i] = [t], c
-        for i, seq in enumerate(seqs):
-            if seq.request_id in self.drafts:
-                first, d = spans[i]
-                draft = self.drafts[seq.request_id]
-                accepted, token = verify(logits[first:first + d + 1], draft, seq.params, seq.generator)
-                seq.speculation.add(draft.tokens, accepted, token)
-                self.rejected[seq.request_id] = d - accepted
-                tokens[i] = draft.tokens[:accepted] + [token]
-        return tokens, candidates
+        return dataclasses.replace(step_input, sample_rows=torch.tensor(rows))
+
+    def verify(self, seqs, logits):
+        """logits (R, V) of widen's rows -> (the plain sequences and their logits (P, V), the
+        speculative ones and their tokens: the kept draft tokens plus the model's own)."""
+        plain, plain_rows, drafted, tokens, row = [], [], [], [], 0
+        for seq in seqs:
+            draft = self.drafts.get(seq.request_id)
+            if draft is None:
+                plain.append(seq)
+                plain_rows.append(row)
+                row += 1
+                continue
+            d = len(draft.tokens)
+            accepted, token = verify(logits[row:row + d + 1], draft, seq.params, seq.generator)
+            seq.speculation.add(draft.tokens, accepted, token)
+            self.rejected[seq.request_id] = d - accepted
+            drafted.append(seq)
+            tokens.append(draft.tokens[:accepted] + [token])
+            row += d + 1
+        return plain, (logits if len(plain_rows) == row else logits[plain_rows]), drafted, tokens
 
     # -- 4. roll back --------------------------------------------------------------------------
     def roll_back(self, seq) -> None:

@@ -12,6 +12,7 @@ from collections import deque
 
 from core.engine.outputs import RequestOutput, StepRecord
 from core.engine.scheduler import Scheduler, SchedulerOutput
+from core.engine.sequence_group import sample_id
 from core.engine.trace import SlotWork, StepKind, StepTrace
 
 
@@ -47,12 +48,18 @@ class StepRecorder:
             self._work[seq.request_id] = SlotWork(seq.request_id, StepKind.DECODE if decode else StepKind.PREFILL, n,
                                                   recompute=seq.num_preemptions > 0 and not decode)
 
-    def end(self, batch: SchedulerOutput, outputs: list[RequestOutput], ran_until: float) -> None:
+    def end(self, batch: SchedulerOutput, outputs: list[RequestOutput], ran_until: float, moves=None) -> None:
         """The step's row in the trace, and a StepRecord for each request in it; ran_until: when
-        the model's run (and the sampling) ended."""
+        the model's run (and the sampling) ended; moves: the step's block moves (BlockMoves)."""
         t0, work, slots = self._t0, self._work, _trim(self._slots)
+        finished = []
         for out in outputs:
-            work[out.request_id].output_index = len(out.token_ids)
+            for sample in out.outputs:    # n samples: each under its own id
+                rid = sample_id(out.request_id, sample.index)
+                if sample.new_token_ids and rid in work:
+                    work[rid].output_index = len(sample.token_ids)
+                if sample.new_token_ids and sample.finish_reason is not None:
+                    finished.append(rid)
         for seq, n in batch.scheduled:
             seq.metrics.steps.append(StepRecord(self.num_steps, t0, ran_until - t0, work[seq.request_id].kind, n,
                                                 len(batch.scheduled), batch.num_batched_tokens))
@@ -66,7 +73,12 @@ class StepRecorder:
             kv_blocks_used=bm.num_blocks - bm.num_free_blocks, kv_blocks_total=bm.num_blocks,
             slots=[work.get(rid) or (SlotWork(rid, StepKind.IDLE) if rid else None) for rid in slots],
             preempted=[s.request_id for s in batch.preempted],
-            finished=[out.request_id for out in outputs if out.finished]))
+            finished=finished, swapped=len(self.scheduler.swapped),
+            swapped_out=[s.request_id for s in batch.swapped_out],
+            swapped_in=[s.request_id for s in batch.swapped_in],
+            **({} if moves is None else {
+                "blocks_copied": moves.copies, "blocks_swapped_out": moves.swapped_out,
+                "blocks_swapped_in": moves.swapped_in, "copy_s": moves.copy_s, "swap_s": moves.swap_s})))
         self.num_steps += 1
 
 

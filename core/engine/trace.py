@@ -2,7 +2,8 @@
 
 One row per step: which request did what in each batch slot (a prefill chunk of how many tokens,
 or a decode producing its n-th token; idle when a slot is held but did no work), how long the
-step took, and how full the KV pool was. Drawn as a grid, rows are steps and columns are slots:
+step took, and how full the KV pool was, and the blocks it moved (copy-on-write
+copies, swaps to and from the host pool, each timed). Drawn as a grid, rows are steps and columns are slots:
 static batching shows idle slots waiting for the longest member; continuous batching refills them.
 """
 
@@ -40,6 +41,14 @@ class StepTrace:
     slots: list[SlotWork | None] = field(default_factory=list)  # by slot; None = empty
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    swapped: int = 0               # requests waiting in the host pool after the step
+    swapped_out: list[str] = field(default_factory=list)  # of the preempted, those swapped out
+    swapped_in: list[str] = field(default_factory=list)
+    blocks_copied: int = 0         # copy-on-write copies before the forward pass
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    copy_s: float = 0.0            # measured time of the copies
+    swap_s: float = 0.0            # measured time of the swaps (both ways)
 
     def as_dict(self) -> dict:
         return asdict(self)

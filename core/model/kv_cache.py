@@ -37,6 +37,17 @@ class KVCache:
         """Layer `layer`'s keys and values as (blocks, block_size, Hkv, D) views of the pool."""
         return self.k[layer].permute(0, 3, 1, 2), self.v[layer].permute(0, 2, 1, 3)
 
+    def copy_to(self, other: "KVCache", src: list[int], dst: list[int]) -> None:
+        """Blocks src of this pool into blocks dst of `other` (this pool itself for copy-on-write,
+        the host pool for a swap), every layer, keys and values."""
+        s, d = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
+        other.k[:, d] = self.k[:, s]
+        other.v[:, d] = self.v[:, s]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // self.num_blocks
+
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes

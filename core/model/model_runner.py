@@ -65,6 +65,11 @@ class ModelRunner:
         bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
         self.cache = KVCache(mc.num_layers, self.num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        # Preemption by swap: a bounded host pool the preempted blocks wait in (core/engine/swap.py).
+        self.host_cache = None
+        if config.preemption_mode == "swap":
+            self.host_cache = KVCache(mc.num_layers, config.num_swap_blocks or self.num_blocks, config.block_size,
+                                      mc.num_kv_heads, mc.head_dim)
         self.block_size = config.block_size
         self.min_rows = min_query_rows(mc.num_heads, mc.num_kv_heads)
         self.kernel = kernels(mc)  # None: attention.py's torch path
