@@ -12,6 +12,10 @@ an engine request and the stream of its outputs (the one way a request enters th
 checked, admitted and enqueued in one place, Connection.start_request). `abort` {id} is the
 transport's own message: it stops either kind.
 
+Every message is priced by its work, in tokens, against the connection's budget (app/budget.py):
+an estimate from the message's text before its handler runs, settled to what the handler charged
+when it returns (or, for work a handler hands to a job, when the job has counted it).
+
 The limits a connection keeps (app/config.py): messages per second (a token bucket), requests,
 jobs and prompt tokens in flight, and bytes queued for a client that does not read (past that it
 is cut off). The writer pings a quiet client and cuts off one that misses a ping (a closed lid);
@@ -34,6 +38,7 @@ from wsproto.events import Ping
 from core.errors import EngineOverloaded, InvalidParameter
 
 from . import protocol
+from .budget import WorkBudget, stop_cost, text_estimate
 from .jobs import Event
 from .protocol import ProtocolError
 from .runtime import Runtime, get_runtime
@@ -52,15 +57,28 @@ POLL_S = 1.0               # the reader wakes this often to check for idleness, 
 @sock.route("/ws", bp=bp)
 def websocket(ws):
     runtime = get_runtime()
-    address = request.remote_addr or "?"
-    refused = runtime.open_connection(address)
+    seat = runtime.seat_for(request)
+    refused = runtime.open_connection(seat)
     if refused:
         ws.send(json.dumps(ProtocolError("overloaded", refused, "connections").as_message()))
         return
     try:
         Connection(ws, runtime).serve()
     finally:
-        runtime.close_connection(address)
+        runtime.close_connection(seat)
+
+
+def work_estimate(msg: dict, config) -> int:
+    """An upper bound, before any work, on the tokens of work a message costs: the tokens its text
+    can tokenize to (its bytes), and a generate request's stop-string checks."""
+    texts = [m.get("content", "") for m in msg.get("messages", []) if isinstance(m, dict)] if isinstance(
+        msg.get("messages"), list) else []
+    texts += [msg[k] for k in ("text", "prompt") if isinstance(msg.get(k), str)]
+    estimate = text_estimate(*[t for t in texts if isinstance(t, str)])
+    if "stop" in msg and isinstance(msg["stop"], (str, list)):
+        max_tokens = msg.get("max_tokens", config.default_max_tokens)
+        estimate += stop_cost(msg["stop"], max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1)
+    return estimate
 
 
 class Call:
@@ -75,15 +93,33 @@ class Call:
         self.config = conn.runtime.config
         self.info = conn.runtime.info
         self.tokenizer = conn.runtime.engine.view.tokenizer
+        self.estimate = 0          # tokens of work taken from the budget before the handler ran
+        self.cost = 0              # ... and what the handler says it cost (settled when it returns)
+        self.deferred = False      # the cost is settled later, by a job
+
+    # -- the connection's work budget (app/budget.py) -----------------------------------------
+    def charge(self, tokens: int) -> None:
+        """Say what this message's work cost, in tokens (settled against the estimate on return)."""
+        self.cost += tokens
+
+    def inline(self) -> bool:
+        """May this message's work run here, on the reader thread (at most one slice of it)?"""
+        return self.estimate <= self.config.work_slice_tokens
+
+    def settle_later(self):
+        """The work runs as a job: the estimate stays charged until the returned settle(tokens)."""
+        self.deferred = True
+        budget, estimate = self.conn.budget, self.estimate
+        return lambda tokens: budget.settle(estimate, tokens)
 
     def reply(self, payload: dict, type: str | None = None) -> None:
         """Answer now: {"type": <this type>, "id": <this id>, **payload}."""
         self.conn.send({"type": type or self.type, "id": self.id, **payload})
 
-    def job(self, inputs: dict, work) -> None:
+    def job(self, inputs: dict, work, cache: bool = True) -> None:
         """Answer with work(engine)'s result, computed by the job runner between serving steps
-        (cached by this message type and `inputs`, which must determine the result)."""
-        self.conn.start_job(self, inputs, work)
+        (cached by this message type and `inputs`, which must determine the result, if `cache`)."""
+        self.conn.start_job(self, inputs, work, cache)
 
     def own_requests(self) -> frozenset:
         """The engine request ids this connection has in flight (to mark a reader's own)."""
@@ -117,6 +153,7 @@ class Connection:
         self.dropped = False                   # nothing more is queued: the socket is gone
         self.last_heard = time.monotonic()
         self.allowance = 2.0 * self.config.max_messages_per_second  # token bucket: a full burst to start
+        self.budget = WorkBudget(self.config.work_tokens_per_second, self.config.work_burst_tokens)
         self.writer = threading.Thread(target=self._write, name="sendlens-ws-writer", daemon=True)
 
     # -- reading (the request thread) --------------------------------------------------------
@@ -157,7 +194,8 @@ class Connection:
         self._last_take = now
         if self.allowance < 1.0:
             raise ProtocolError("overloaded", f"more than {rate} messages a second on this connection "
-                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate", mid)
+                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate", mid,
+                                retry_after_s=round(1.0 / rate, 2))
         self.allowance -= 1.0
 
     def _check_idle_and_shutdown(self) -> None:
@@ -221,6 +259,10 @@ class Connection:
         except OSError:
             pass
 
+    def charge_slice(self) -> None:
+        """One slice of this connection's job ran (the job runner, on the engine loop's thread)."""
+        self.budget.charge(self.config.job_slice_tokens)
+
     def handle(self, msg: dict) -> None:
         mid = msg["id"]
         try:
@@ -229,7 +271,13 @@ class Connection:
             with self.lock:
                 if mid in self.requests or mid in self.jobs:
                     raise ProtocolError("invalid_request", f"a request with id {mid!r} is still running", "id")
-            MESSAGE_TYPES[msg["type"]].handle(Call(self, msg))
+            call = Call(self, msg)
+            call.estimate = self.budget.take(work_estimate(msg, self.config), mid, f"this {msg['type']} message")
+            try:
+                MESSAGE_TYPES[msg["type"]].handle(call)
+            finally:
+                if not call.deferred:
+                    self.budget.settle(call.estimate, call.cost)
         except ProtocolError as exc:
             exc.id = mid
             raise
@@ -249,7 +297,7 @@ class Connection:
         else:
             raise ProtocolError("invalid_request", f"no running request has id {mid!r}", "id")
 
-    def start_job(self, call: Call, inputs: dict, work) -> None:
+    def start_job(self, call: Call, inputs: dict, work, cache: bool = True) -> None:
         mid, kind = call.id, call.type
         with self.lock:
             if len(self.jobs) >= self.config.max_jobs_per_connection:
@@ -265,7 +313,7 @@ class Connection:
         runner = self.runtime.jobs
         canonical = MESSAGE_TYPES[kind].canonical if kind in MESSAGE_TYPES else kind   # an old name shares the cache
         try:
-            runner.submit(self, mid, runner.key(canonical, inputs), work, subscriber)
+            runner.submit(self, mid, runner.key(canonical, inputs), work, subscriber, cache)
         except Exception:
             with self.lock:
                 self.jobs.discard(mid)
@@ -276,6 +324,7 @@ class Connection:
         (EngineLoop.prepare), then this connection's limits, in that order, once."""
         mid = call.id
         seq = self.runtime.loop.prepare(prompt, params)
+        call.charge(seq.num_prompt_tokens + stop_cost(params.stop, params.max_tokens))   # app/budget.py
         with self.lock:
             if len(self.requests) >= self.config.max_requests_per_connection:
                 raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
