@@ -34,6 +34,18 @@ def text_estimate(*texts: str) -> int:
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
+def template_bytes(tokenizer) -> tuple[int, int]:
+    """The chat template's own text, in UTF-8 bytes: (for the whole chat, for each message): what
+    it adds around the messages' contents (role wrappers, a default system prompt), so that a
+    chat's estimate, contents plus these, stays an upper bound on its tokens."""
+    def size(n):
+        chat = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}] * n
+        return len(tokenizer.render_template(chat).encode("utf-8"))
+    one, two = size(1), size(2)
+    per_message = max(0, (two - one) // 2) + 1
+    return max(0, one - 2 * per_message) + per_message, per_message
+
+
 def stop_cost(stop, max_tokens: int) -> int:
     """Tokens of work a request's stop strings cost: max_tokens * len(stop) checks."""
     n = 1 if isinstance(stop, str) else len(stop or ())

@@ -68,13 +68,16 @@ def websocket(ws):
         runtime.close_connection(seat)
 
 
-def work_estimate(msg: dict, config) -> int:
+def work_estimate(msg: dict, config, template: tuple[int, int]) -> int:
     """An upper bound, before any work, on the tokens of work a message costs: the tokens its text
-    can tokenize to (its bytes), and a generate request's stop-string checks."""
-    texts = [m.get("content", "") for m in msg.get("messages", []) if isinstance(m, dict)] if isinstance(
-        msg.get("messages"), list) else []
+    can tokenize to (its bytes, and the chat template's own around `messages`), and a generate
+    request's stop-string checks."""
+    chat = msg.get("messages") if isinstance(msg.get("messages"), list) else []
+    texts = [m.get("content") for m in chat if isinstance(m, dict)]
     texts += [msg[k] for k in ("text", "prompt") if isinstance(msg.get(k), str)]
     estimate = text_estimate(*[t for t in texts if isinstance(t, str)])
+    if chat:
+        estimate += template[0] + template[1] * len(chat)
     if "stop" in msg and isinstance(msg["stop"], (str, list)):
         max_tokens = msg.get("max_tokens", config.default_max_tokens)
         estimate += stop_cost(msg["stop"], max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1)
@@ -121,6 +124,11 @@ class Call:
         (cached by this message type and `inputs`, which must determine the result, if `cache`)."""
         self.conn.start_job(self, inputs, work, cache)
 
+    def sliced(self, inputs: dict, work) -> None:
+        """Answer at-once work that is too long for the reader's thread (a long tokenization) as a
+        job, uncached: counted apart from the widget jobs, so a page's jobs never crowd it out."""
+        self.conn.start_job(self, inputs, work, cache=False, sliced=True)
+
     def own_requests(self) -> frozenset:
         """The engine request ids this connection has in flight (to mark a reader's own)."""
         with self.conn.lock:
@@ -148,6 +156,7 @@ class Connection:
         self.requests: dict[object, str] = {}  # client id -> engine request id
         self.request_tokens: dict[object, int] = {}  # client id -> its prompt tokens
         self.jobs: set[object] = set()         # client ids of jobs in flight
+        self.sliced: set[object] = set()       # ... of them, at-once work run as a job (Call.sliced)
         self.lock = threading.Lock()
         self.closed = False                    # the reader stops
         self.dropped = False                   # nothing more is queued: the socket is gone
@@ -224,6 +233,7 @@ class Connection:
         with self.lock:
             leftover = list(self.requests.values())   # each is popped when its done arrives
             self.jobs.clear()
+            self.sliced.clear()
         for request_id in leftover:
             self.runtime.loop.abort(request_id)
         self.runtime.jobs.cancel_owner(self)
@@ -272,9 +282,13 @@ class Connection:
                 if mid in self.requests or mid in self.jobs:
                     raise ProtocolError("invalid_request", f"a request with id {mid!r} is still running", "id")
             call = Call(self, msg)
-            call.estimate = self.budget.take(work_estimate(msg, self.config), mid, f"this {msg['type']} message")
+            estimate = work_estimate(msg, self.config, self.runtime.template_bytes)
+            call.estimate = self.budget.take(estimate, mid, f"this {msg['type']} message")
             try:
                 MESSAGE_TYPES[msg["type"]].handle(call)
+            except BaseException:
+                call.deferred = False          # no job took the work over: settle what was done
+                raise
             finally:
                 if not call.deferred:
                     self.budget.settle(call.estimate, call.cost)
@@ -289,6 +303,7 @@ class Connection:
             request_id = self.requests.get(mid)
             is_job = mid in self.jobs
             self.jobs.discard(mid)
+            self.sliced.discard(mid)
         if request_id is not None:
             self.runtime.loop.abort(request_id)      # the stream ends with done, finish_reason abort
         elif is_job:
@@ -297,14 +312,17 @@ class Connection:
         else:
             raise ProtocolError("invalid_request", f"no running request has id {mid!r}", "id")
 
-    def start_job(self, call: Call, inputs: dict, work, cache: bool = True) -> None:
+    def start_job(self, call: Call, inputs: dict, work, cache: bool = True, sliced: bool = False) -> None:
         mid, kind = call.id, call.type
         with self.lock:
-            if len(self.jobs) >= self.config.max_jobs_per_connection:
+            held = len(self.sliced) if sliced else len(self.jobs) - len(self.sliced)
+            if held >= self.config.max_jobs_per_connection:
                 raise ProtocolError("overloaded", f"{self.config.max_jobs_per_connection} jobs are already "
                                                   "running on this connection (max_jobs_per_connection)",
                                     "connection")
             self.jobs.add(mid)
+            if sliced:
+                self.sliced.add(mid)
 
         def subscriber(event: Event) -> None:  # on the engine loop's thread: only queue it
             for message in self._job_messages(mid, kind, event):
@@ -317,6 +335,7 @@ class Connection:
         except Exception:
             with self.lock:
                 self.jobs.discard(mid)
+                self.sliced.discard(mid)
             raise
 
     def start_request(self, call: Call, prompt, params, format_output, accepted) -> None:
@@ -400,6 +419,7 @@ class Connection:
                 return []
             if event.kind != "progress":
                 self.jobs.discard(mid)
+                self.sliced.discard(mid)
         if event.kind == "progress":
             p = event.progress
             return [{"type": "progress", "id": mid, "done": p.done, "total": p.total, "note": p.note}]

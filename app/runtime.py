@@ -17,6 +17,7 @@ from core.engine.engine_loop import EngineLoop
 from core.engine.llm_engine import LLMEngine
 from core.parallel.workers import ProcessBudget
 
+from .budget import template_bytes
 from .clients import Seat, address_seat, client_address, parse_networks
 from .config import ServerConfig
 from .jobs import JobRunner
@@ -34,6 +35,7 @@ class Runtime:
         self.workers = ProcessBudget(config.max_worker_processes)  # the parallelism widgets' processes
         self.loop.start()
         self.info = self.loop.info()
+        self.template_bytes = template_bytes(engine.tokenizer)  # the chat template's own text (app/budget.py)
         self._count_lock = threading.Lock()
         self._by_seat: Counter[str] = Counter()
         self.num_connections = 0

@@ -2,13 +2,16 @@
 
     python -m bench.load --clients 50 --seconds 60            # against http://127.0.0.1:8000
     python -m bench.load --clients 30 --seconds 20 --drop     # ... each dropping its TCP connection mid-answer
+    python -m bench.load --clients 8 --seconds 30 --neighbour template   # ... beside one flooding client
 
 Each client sends a chat request, reads the stream to `done`, and sends the next, until the time
 is up (then it finishes the answer in flight). Reported, in vLLM's serving-benchmark terms:
 requests sent and completed, errors by code, lost requests (no `done` and no error), TTFT and
 TPOT p50/p99 as the client saw them, output tokens/s; and from the server's /healthz before and
 after: KV free blocks, connections, the process's RSS and threads. Loopback only by default:
-`--url` must name this machine (a load test never leaves it).
+`--url` must name this machine (a load test never leaves it). `--neighbour TYPE` runs the
+classroom twice, alone and beside one client flooding TYPE (bench/neighbour.py), and reports the
+bystanders' median TPOT in each.
 """
 
 import argparse
@@ -139,7 +142,9 @@ def client_loop(url: str, deadline: float, max_tokens: int, drop: bool, tally: T
             pass
 
 
-def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool) -> dict:
+def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool, settle: bool = True) -> dict:
+    """The classroom; `settle`: wait for the server to have no connection and no request left
+    before reading /healthz after (off while another client, a flooder, is still connected)."""
     parts = urlsplit(url)
     base = f"http://{parts.netloc}"
     before = healthz(base)
@@ -154,10 +159,11 @@ def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool) -> 
     for t in threads:
         t.join(seconds + 180)
     wall = time.monotonic() - t0
-    time.sleep(2.0)                                    # let the server notice closed sockets
-    settle = time.monotonic() + 30
+    if settle:
+        time.sleep(2.0)                                # let the server notice closed sockets
+    until = time.monotonic() + (30 if settle else 0)
     after = healthz(base)
-    while (after["connections"] or after["running"]) and time.monotonic() < settle:
+    while (after["connections"] or after["running"]) and time.monotonic() < until:
         time.sleep(0.5)
         after = healthz(base)
     ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
@@ -181,6 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--drop", action="store_true", help="each client drops its TCP connection mid-answer")
+    p.add_argument("--neighbour", choices=("template", "stop", "attention", "generate"),
+                   help="also run the classroom beside one client flooding this message type; compare TPOT")
     p.add_argument("--json", help="also write the report to this file")
     args = p.parse_args(argv)
     host = urlsplit(args.url).hostname
@@ -188,6 +196,17 @@ def main(argv=None) -> int:
         p.error(f"--url must be on this machine ({', '.join(sorted(LOOPBACK))}); got {host!r}")
     if not 1 <= args.clients <= MAX_CLIENTS or not 0 < args.seconds <= MAX_SECONDS:
         p.error(f"--clients must be 1..{MAX_CLIENTS} and --seconds 0..{MAX_SECONDS}")
+    if args.neighbour:
+        from .neighbour import run_neighbour
+        report = run_neighbour(args.url, args.neighbour, args.clients, args.seconds, args.max_tokens)
+        print(json.dumps(report, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(json.dumps(report, indent=2) + "\n")
+        print(f"bystanders' median TPOT: {report['tpot_p50_ms']['alone']} ms alone, "
+              f"{report['tpot_p50_ms']['beside']} ms beside a {args.neighbour} flood ({report['tpot_ratio']}x)")
+        lost = report["alone"]["lost"] + report["beside"]["lost"]
+        return 0 if lost == 0 else 1
     report = run(args.url, args.clients, args.seconds, args.max_tokens, args.drop)
     text = json.dumps(report, indent=2)
     print(text)

@@ -103,7 +103,7 @@ def template(call) -> None:
         rendered = yield from tokenizer.render_chat_steps(messages, per_step=per_slice)
         settle(len(rendered.token_ids))
         return (yield from template_reply(tokenizer, rendered, window, per_slice))
-    call.job({"messages": messages}, work, cache=False)
+    call.sliced({"messages": messages}, work)
 
 
 def template_reply(tokenizer, rendered, context_window: int, per_slice: int):

@@ -41,7 +41,7 @@ def tokenize(call) -> None:
         settle(len(ids))
         yield None
         return (yield from reply(value, ids, pieces_steps(tokenizer, ids, per_slice), vocab_size))
-    call.job({"text": value}, work, cache=False)
+    call.sliced({"text": value}, work)
 
 
 def reply(value: str, ids: list[int], steps, vocab_size: int):
