@@ -100,6 +100,7 @@ class Runtime:
             "max_requests_per_connection": c.max_requests_per_connection,
             "max_jobs_per_connection": c.max_jobs_per_connection,
             "max_messages_per_second": c.max_messages_per_second, "idle_timeout_s": c.idle_timeout_s,
+            "work_tokens_per_second": c.work_tokens_per_second, "work_burst_tokens": c.work_burst_tokens,
         }}
 
     def facts(self) -> dict:

@@ -80,6 +80,27 @@ def test_work_settings_must_be_positive():
         assert info.value.param == name
 
 
+def test_sliced_rendering_and_pieces_equal_the_one_piece_functions(tiny_loaded):
+    """A chat with emoji cut across tokens and a typed special token, rendered in slices of 7
+    tokens of work: the same tokens, labels and chips as in one piece, in many steps."""
+    from app.token_text import pieces, pieces_steps
+    from core.model.tokenizer import drain
+    t = tiny_loaded.tokenizer
+    chat = [{"role": "system", "content": "Be kind 😀 " * 30}, {"role": "user", "content": "héllo <|im_start|> x " * 50},
+            {"role": "assistant", "content": "ok 🎉" * 20}]
+    steps, whole = t.render_chat_steps(chat, per_step=7), t.render_chat(chat)
+    count = 0
+    while True:
+        try:
+            next(steps)
+            count += 1
+        except StopIteration as stop:
+            sliced = stop.value
+            break
+    assert sliced == whole and count > len(whole.token_ids) // 7
+    assert drain(pieces_steps(t, whole.token_ids, 3)) == pieces(t, whole.token_ids)
+
+
 # ---- on a server ------------------------------------------------------------------------------
 SETTINGS = {"model": "tiny", "num_kv_blocks": 128, "testing": True, "max_tokens_limit": 64,
             "default_max_tokens": 4, "work_tokens_per_second": 256, "work_burst_tokens": 2048,
