@@ -164,19 +164,39 @@ def test_a_template_flood_is_refused_by_its_cost_while_a_bystander_chats(server,
     assert served[0]["num_tokens"] > SETTINGS["work_slice_tokens"]
 
 
-def test_generate_pays_for_its_prompt_and_its_stop_strings(server, fresh):
-    ws = WS(server.ws)
+def test_stop_strings_pay_for_their_checks(server, fresh):
     burst = SETTINGS["work_burst_tokens"]
-    # stop strings whose checks cost more than the whole bucket: let in on a full bucket, then
-    # the next message waits for the debt to be paid off
-    stop = [f"zz{i}" for i in range(64)]
-    max_tokens = 64
-    assert stop_cost(stop, max_tokens) > burst
-    first = ws.generate(prompt="Once upon a time", max_tokens=max_tokens, stop=stop)
-    assert first.done is not None
-    err = ws.error({"type": "generate", "id": "again", "prompt": "Once upon a time", "max_tokens": 2}, mid="again")
-    assert err["code"] == "overloaded" and err["param"] == "budget" and err["retry_after_s"] > 0
-    ws.close()
+    # stop strings whose checks cost four buckets: let in on a full bucket, then the next message
+    # waits for the debt (one bucket at most) to be paid off
+    max_tokens = SETTINGS["max_tokens_limit"]
+    stop = [f"q{i}" for i in range(4 * burst * STOP_CHECKS_PER_TOKEN // max_tokens)]
+    assert stop_cost(stop, max_tokens) == 4 * burst
+    ws = WS(server.ws)
+    try:
+        first = ws.generate(prompt="Once upon a time", max_tokens=max_tokens, stop=stop)
+        assert first.done is not None
+        err = ws.error({"type": "generate", "id": "again", "prompt": "Once upon a time", "max_tokens": 2},
+                       mid="again")
+        assert err["code"] == "overloaded" and err["param"] == "budget" and err["retry_after_s"] > 0
+    finally:
+        ws.close()
+
+
+def test_a_prompt_is_settled_to_its_tokens(server, fresh, monkeypatch):
+    """The estimate (bytes) is settled to the prompt's real token count, plus its stop checks."""
+    settled = []
+    settle = WorkBudget.settle
+    monkeypatch.setattr(WorkBudget, "settle", lambda self, estimate, actual: settled.append((estimate, actual))
+                        or settle(self, estimate, actual))
+    ws = WS(server.ws)
+    try:
+        prompt = "The river ran past the old mill. " * 8
+        stream = ws.generate(prompt=prompt, max_tokens=4, stop=["never"] * 3)
+        prompt_tokens = stream.accepted["prompt_tokens"]
+    finally:
+        ws.close()
+    assert (text_estimate(prompt) + stop_cost(["never"] * 3, 4), prompt_tokens + stop_cost(["never"] * 3, 4)) in settled
+    assert prompt_tokens < text_estimate(prompt)
 
 
 def test_large_tokenizations_run_as_jobs_never_on_a_reader_thread(server, fresh, monkeypatch):
@@ -203,7 +223,7 @@ def test_large_tokenizations_run_as_jobs_never_on_a_reader_thread(server, fresh,
             return enc
     monkeypatch.setattr(tokenizer, "hf", Recording(tokenizer.hf))
     ws = WS(server.ws)
-    text = "The river ran past the old mill, and the miller counted boats. " * 20
+    text = "The river ran past the old mill, and the miller counted boats. " * 10   # both fit the bucket
     messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "Yes. " * 40}]
     ws.send({"type": "tokenize", "id": "t", "text": text})
     tokens = final(ws, "t")
