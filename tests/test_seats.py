@@ -155,3 +155,28 @@ def test_forty_students_of_one_room_from_one_address_join_and_chat(tiny_loaded):
             wait_for(lambda: healthz(server)["connections"] == 0, timeout=30, what="every connection to close")
         finally:
             server.stop()
+
+
+def test_behind_a_tls_proxy_an_https_page_opens_the_socket_and_an_http_one_does_not(tiny_loaded):
+    """The proxy ends TLS and says so in X-Forwarded-Proto: the origin's scheme is compared with it."""
+    import base64
+    import http.client
+    import os
+    server = serve(tiny_loaded, {"trusted_proxies": "127.0.0.1"})
+
+    def handshake(origin: str, proto: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            conn.request("GET", "/ws", headers={
+                "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(), "Origin": origin,
+                "Host": "localhost", "X-Forwarded-Proto": proto, "X-Forwarded-For": "203.0.113.9"})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+    try:
+        assert handshake("https://localhost", "https") == 101
+        assert handshake("http://localhost", "https") == 403
+        assert handshake("https://localhost", "http") == 403
+    finally:
+        server.stop()
