@@ -14,8 +14,10 @@ does. So each connection holds a token bucket (the leaky-bucket policer of ATM n
 A message is let in when the bucket holds its estimated cost (or is full, for a cost larger than
 the bucket: one large message stays possible, then its debt is paid off before the next). Past
 that it is refused with `overloaded` and `retry_after_s`, the time until the bucket holds enough.
-Debt from work settled afterwards (a job's slices) is floored at one bucket, so a connection
-never waits longer than work_burst_tokens / work_tokens_per_second.
+Debt from work settled afterwards is floored at one bucket, so a connection never waits longer
+than work_burst_tokens / work_tokens_per_second. A job's slices only empty the bucket, never put
+it in debt: the page that runs many widgets' experiments over its one connection can still send a
+short chat message after waiting for that message's own cost.
 """
 
 import math
@@ -88,9 +90,13 @@ class WorkBudget:
         """The work turned out to cost `actual`: refund or charge the difference."""
         self.charge(actual - estimate)
 
-    def charge(self, tokens: float) -> None:
-        """Work already done (a job's slice): debit it, never below one bucket of debt."""
+    def charge(self, tokens: float, floor: float | None = None) -> None:
+        """Work already done: debit it. Without `floor`, the level ends at most one bucket in debt;
+        with one, the charge takes the level no lower than `floor` (a level already below stays)."""
         with self._lock:
             self._refill()
-            self.level = max(-self.burst, self.level - tokens)
+            if floor is None:
+                self.level = max(-self.burst, self.level - tokens)
+            else:
+                self.level = max(min(floor, self.level), self.level - tokens)
             self.charged += tokens

@@ -271,7 +271,7 @@ class Connection:
 
     def charge_slice(self) -> None:
         """One slice of this connection's job ran (the job runner, on the engine loop's thread)."""
-        self.budget.charge(self.config.job_slice_tokens)
+        self.budget.charge(self.config.job_slice_tokens, floor=0)   # it empties the budget, never indebts it
 
     def handle(self, msg: dict) -> None:
         mid = msg["id"]

@@ -58,11 +58,19 @@ def test_a_message_larger_than_the_bucket_waits_for_a_full_one_and_debt_is_bound
     assert b.take(5000) == 5000
 
 
-def test_job_slices_are_charged_after_the_fact():
-    b = WorkBudget(rate=100, burst=1000, clock=Clock())
+def test_job_slices_are_charged_after_the_fact_and_only_empty_the_bucket():
+    clock = Clock()
+    b = WorkBudget(rate=100, burst=1000, clock=clock)
     for _ in range(100):
-        b.charge(16)
-    assert b.level == -600 and b.charged == 1600
+        b.charge(16, floor=0)
+    assert b.level == 0 and b.charged == 1600
+    with pytest.raises(ProtocolError) as info:
+        b.take(50)
+    assert info.value.retry_after_s == pytest.approx(0.51, abs=0.01)     # the message's own cost, no debt
+    b.charge(100)                                                        # other work may owe
+    assert b.level == -100
+    b.charge(16, floor=0)                                                # a slice never deepens a debt
+    assert b.level == -100
 
 
 def test_prices():
