@@ -269,3 +269,18 @@ def test_the_retry_hint_is_honoured(server, fresh):
     ws.send({**big, "id": "b2"})
     assert final(ws, "b2")["type"] == "tokenize"
     ws.close()
+
+
+def test_a_job_is_charged_for_each_of_its_slices(server, fresh, monkeypatch):
+    from app.live import Connection
+    charged = []
+    charge = Connection.charge_slice
+    monkeypatch.setattr(Connection, "charge_slice", lambda self: charged.append(self) or charge(self))
+    before = server.runtime.jobs.stats()["slices"]
+    ws = WS(server.ws)
+    try:
+        reply = ws.job("attention", text="The cat sat on the mat.", layer=0, head=0)
+    finally:
+        ws.close()
+    assert reply["type"] == "attention", reply
+    assert len(charged) == server.runtime.jobs.stats()["slices"] - before >= 1
