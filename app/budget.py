@@ -9,7 +9,8 @@ does. So each connection holds a token bucket (the leaky-bucket policer of ATM n
   bound), then settled to the real count;
 - `generate` costs its prompt's tokens, plus its stop strings' checks: every output token is tested
   against every stop string, `max_tokens * len(stop)` checks, priced STOP_CHECKS_PER_TOKEN to a token;
-- a widget job costs `job_slice_tokens` for each slice the job runner gives it.
+- a widget job costs `job_slice_tokens` for each slice the job runner gives it while the engine
+  serves requests (a slice beside nobody's chat delays nobody).
 
 A message is let in when the bucket holds its estimated cost (or is full, for a cost larger than
 the bucket: one large message stays possible, then its debt is paid off before the next). Past

@@ -10,8 +10,9 @@ and jobs in one thread, as a time-sharing OS would do it with a quantum).
 - Fair: jobs queue per connection, and slices go round-robin across connections, so one reader's
   ten jobs do not starve another's one (fair queueing, Demers, Keshav & Shenker, 1989).
 - Bounded: a cap on jobs in the runner (`max_queued_jobs`) and per connection (set by the caller).
-- Priced: each slice is charged to the job's owner (its `charge_slice()`, when it has one: a
-  connection's work budget, app/budget.py).
+- Priced: each slice run while the serving engine has requests in flight is charged to the job's
+  owner (its `charge_slice()`, when it has one: a connection's work budget, app/budget.py); a
+  slice beside nobody's chat delays nobody and costs nothing.
 - Cached: results are kept by their inputs (an LRU of `cache_entries`), and an identical job
   already running gets a second subscriber instead of a second run: a classroom asking the same
   thing computes it once.
@@ -210,7 +211,7 @@ class JobRunner:
             self.slices += 1
             self.max_slice_s = max(self.max_slice_s, elapsed)
             charge = getattr(job.owner, "charge_slice", None)
-            if charge is not None:
+            if busy and charge is not None:     # a slice beside nobody's chat harms nobody
                 charge()
         return True
 

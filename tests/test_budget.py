@@ -271,16 +271,29 @@ def test_the_retry_hint_is_honoured(server, fresh):
     ws.close()
 
 
-def test_a_job_is_charged_for_each_of_its_slices(server, fresh, monkeypatch):
-    from app.live import Connection
-    charged = []
-    charge = Connection.charge_slice
-    monkeypatch.setattr(Connection, "charge_slice", lambda self: charged.append(self) or charge(self))
-    before = server.runtime.jobs.stats()["slices"]
-    ws = WS(server.ws)
-    try:
-        reply = ws.job("attention", text="The cat sat on the mat.", layer=0, head=0)
-    finally:
-        ws.close()
-    assert reply["type"] == "attention", reply
-    assert len(charged) == server.runtime.jobs.stats()["slices"] - before >= 1
+def test_a_job_is_charged_for_each_slice_it_runs_beside_a_chat():
+    """The runner charges a slice to its owner only while the serving engine has requests."""
+    from app.jobs import JobRunner
+
+    class Owner:
+        charged = 0
+
+        def charge_slice(self):
+            self.charged += 1
+
+    class Engine:
+        busy = False
+
+        def has_unfinished_requests(self):
+            return self.busy
+
+    def work(engine):
+        for _ in range(6):
+            yield None
+        return {}
+    runner, owner, engine = JobRunner(), Owner(), Engine()
+    runner.submit(owner, 1, "k", work, lambda event: None)
+    for i in range(7):
+        engine.busy = i % 2 == 0                       # slices 0, 2, 4, 6 beside a chat
+        assert runner(engine)
+    assert owner.charged == 4 and runner.stats()["slices"] == 7
