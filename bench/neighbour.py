@@ -37,12 +37,13 @@ def flood_messages(kind: str, limits: dict):
         if kind == "template":
             yield {"type": "template", "id": mid, "messages": [{"role": "user", "content": WORD * (room // 5)}]}
         elif kind == "stop":
-            stops = [f"never-{n}-{i}-" + "x" * 16 for i in range(room // 32)]
+            stops = [f"never-{n}-{i}-" + "x" * 16 for i in range(room // 40)]   # about 35 bytes each, quoted
             yield {"type": "generate", "id": mid, "prompt": "Tell me a story.", "max_tokens": max_tokens,
                    "stop": stops}
         elif kind == "attention":
             words = min(room // 8, limits.get("max_inspect_tokens", 1024) // 2)
-            yield {"type": "attention", "id": mid, "text": f"Flood {n}: " + WORD * words}
+            yield {"type": "attention", "id": mid, "text": f"Flood {n}: " + WORD * words, "layer": 0,
+                   "head": "all"}
         else:
             yield {"type": "generate", "id": mid, "prompt": f"Flood {n}: " + WORD * (room // 5 - 4),
                    "max_tokens": max_tokens}
