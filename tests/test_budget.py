@@ -229,6 +229,17 @@ def test_large_tokenizations_run_as_jobs_never_on_a_reader_thread(server, fresh,
             enc = self.hf(text, **kw)
             calls.append((threading.current_thread().name, len(enc["input_ids"])))
             return enc
+
+        @property
+        def backend_tokenizer(self):                 # the Rust tokenizer itself (render_chat's encoding)
+            backend = self.hf.backend_tokenizer
+
+            class Backend:
+                def encode(self, text, **kw):
+                    enc = backend.encode(text, **kw)
+                    calls.append((threading.current_thread().name, len(enc.ids)))
+                    return enc
+            return Backend()
     monkeypatch.setattr(tokenizer, "hf", Recording(tokenizer.hf))
     ws = WS(server.ws)
     text = "The river ran past the old mill, and the miller counted boats. " * 10   # both fit the bucket

@@ -110,14 +110,14 @@ class Tokenizer:
         text = self.render_template(messages, add_generation_prompt)
         yield None
         labels = yield from self._char_labels(messages, text, add_generation_prompt, per_step * CHARS_PER_TOKEN)
-        with self._lock:
-            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = enc["input_ids"]
+        with self._lock:   # the Rust tokenizer's own encoding: ids and offsets without the wrapper's conversions
+            enc = self.hf.backend_tokenizer.encode(text, add_special_tokens=False)
+            ids, offsets = enc.ids, enc.offsets
         yield None
         tokens = []
         for lo in range(0, len(ids), per_step):
             part = ids[lo:lo + per_step]
-            for tid, piece, (start, _) in zip(part, self.token_texts(part), enc["offset_mapping"][lo:lo + per_step]):
+            for tid, piece, (start, _) in zip(part, self.token_texts(part), offsets[lo:lo + per_step]):
                 kind, role, message = labels[start] if start < len(labels) else (TokenKind.INSERTED, None, None)
                 if tid in self.special_ids:
                     kind = TokenKind.SPECIAL
