@@ -6,10 +6,13 @@ as datasette does with `--setting`. docs/settings.md lists them all (a test chec
 """
 
 import os
+import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 from core.config import EngineConfig, WeightFormat
 from core.errors import InvalidParameter, is_int
+
+from .clients import parse_networks
 
 ENV_PREFIX = "SENDLENS_"
 
@@ -34,6 +37,11 @@ class ServerConfig:
     # -- work per connection --
     max_requests_per_connection: int = 4  # generate requests in flight per client
     max_jobs_per_connection: int = 4      # widget jobs (attention, probes, experiments) in flight per client
+    # -- work per connection, priced in tokens (app/budget.py) --
+    work_tokens_per_second: int = 2048    # a connection's budget of work: tokenized, prompt and stop-check tokens a second
+    work_burst_tokens: int = 16384        # ... held at most (one large message; then its debt is paid off)
+    work_slice_tokens: int = 512          # template/tokenize work above this runs as a job, in slices of this many tokens
+    job_slice_tokens: int = 16            # what one slice of a widget job costs its connection
     # -- the engine's queues --
     max_queue: int = 256                  # requests waiting for the engine before "overloaded"
     max_queued_tokens: int = 64 * 1024    # prompt tokens waiting for the engine before "overloaded"
@@ -60,6 +68,8 @@ class ServerConfig:
     room_idle_close_s: int = 4 * 3600     # a room with no request and no watcher this long is closed
     room_kv_blocks: int = 512             # KV blocks of one room's engine (block_size tokens each)
     rooms_db_path: str = ""               # the rooms' SQLite file; empty: <cache dir>/rooms.sqlite3
+    trusted_proxies: str = ""             # proxies (addresses or networks, space-separated) whose forwarded headers are believed
+    client_address_header: str = "X-Forwarded-For"  # the header a trusted proxy names the client's address in
     # -- pages --
     bench_results: str = "bench/results/latest.json"  # the benchmark's JSON shown at /benchmark (relative: to the project root)
     testing: bool = False
@@ -74,6 +84,14 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or any(c in value for c in ";,\r\n\"'"):
                 raise InvalidParameter(name, "must be names separated by spaces")
+        try:
+            parse_networks(self.trusted_proxies)
+        except (ValueError, AttributeError):
+            raise InvalidParameter("trusted_proxies", "must be IP addresses or networks (10.0.0.0/8) separated "
+                                   f"by spaces, got {self.trusted_proxies!r}") from None
+        if not isinstance(self.client_address_header, str) or not re.fullmatch(r"[A-Za-z0-9-]+",
+                                                                                 self.client_address_header):
+            raise InvalidParameter("client_address_header", "must be an HTTP header name such as X-Forwarded-For")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type is int or f.type == "int":

@@ -10,6 +10,9 @@ and jobs in one thread, as a time-sharing OS would do it with a quantum).
 - Fair: jobs queue per connection, and slices go round-robin across connections, so one reader's
   ten jobs do not starve another's one (fair queueing, Demers, Keshav & Shenker, 1989).
 - Bounded: a cap on jobs in the runner (`max_queued_jobs`) and per connection (set by the caller).
+- Priced: each slice run while the serving engine has requests in flight is charged to the job's
+  owner (its `charge_slice()`, when it has one: a connection's work budget, app/budget.py); a
+  slice beside nobody's chat delays nobody and costs nothing.
 - Cached: results are kept by their inputs (an LRU of `cache_entries`), and an identical job
   already running gets a second subscriber instead of a second run: a classroom asking the same
   thing computes it once.
@@ -84,6 +87,7 @@ class _Job:
     progress: Progress | None = None
     exclusive: bool = False                           # its next slice waits for an idle engine
     threads: int = 0                                  # torch threads for its slices: the count when it began
+    cache: bool = True                                # keep its result by its key
 
 
 class JobRunner:
@@ -110,9 +114,10 @@ class JobRunner:
         return kind + ":" + json.dumps(inputs, sort_keys=True, separators=(",", ":"))
 
     # -- from the connections' threads --------------------------------------------------------
-    def submit(self, owner, token, key: str, work: Work, subscriber: Subscriber) -> bool:
-        """Queue work under `key` for `owner` (a connection), answered to subscriber.
-        Returns True when the answer came at once from the cache. Raises EngineOverloaded."""
+    def submit(self, owner, token, key: str, work: Work, subscriber: Subscriber, cache: bool = True) -> bool:
+        """Queue work under `key` for `owner` (a connection), answered to subscriber (and its
+        result kept by `key` if `cache`). Returns True when the answer came at once from the cache.
+        Raises EngineOverloaded."""
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
@@ -125,7 +130,7 @@ class JobRunner:
                     if len(self._jobs) >= self.max_queued_jobs:
                         raise EngineOverloaded(f"{self.max_queued_jobs} jobs are already queued on this server "
                                                "(max_queued_jobs); try again shortly")
-                    job = _Job(key, owner, work, time.monotonic())
+                    job = _Job(key, owner, work, time.monotonic(), cache=cache)
                     self._jobs[key] = job
                     self._queues.setdefault(owner, deque()).append(job)
                 job.subscribers[(owner, token)] = subscriber
@@ -188,7 +193,7 @@ class JobRunner:
             job.exclusive = False
             item = next(job.gen)
         except StopIteration as stop:
-            self._finish(job, Event("result", result=stop.value), cache=True)
+            self._finish(job, Event("result", result=stop.value), cache=job.cache)
         except Exception as exc:
             if not hasattr(exc, "code"):
                 log.error("job %s failed", job.key[:80], exc_info=exc)
@@ -205,6 +210,9 @@ class JobRunner:
             elapsed = time.perf_counter() - t0
             self.slices += 1
             self.max_slice_s = max(self.max_slice_s, elapsed)
+            charge = getattr(job.owner, "charge_slice", None)
+            if busy and charge is not None:     # a slice beside nobody's chat harms nobody
+                charge()
         return True
 
     def _next_job(self, busy: bool = False) -> _Job | None:
@@ -235,11 +243,12 @@ class JobRunner:
                 queue.popleft()
                 if not queue:
                     del self._queues[job.owner]
+            if event.kind == "result":
+                self.completed += 1
             if cache:
                 self._cache[job.key] = event.result
                 while len(self._cache) > self.cache_entries:
                     self._cache.popitem(last=False)
-                self.completed += 1
             subscribers = list(job.subscribers.values())
         for subscriber in subscribers:
             _tell(subscriber, event)

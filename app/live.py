@@ -12,6 +12,10 @@ an engine request and the stream of its outputs (the one way a request enters th
 checked, admitted and enqueued in one place, Connection.start_request). `abort` {id} is the
 transport's own message: it stops either kind.
 
+Every message is priced by its work, in tokens, against the connection's budget (app/budget.py):
+an estimate from the message's text before its handler runs, settled to what the handler charged
+when it returns (or, for work a handler hands to a job, when the job has counted it).
+
 The limits a connection keeps (app/config.py): messages per second (a token bucket), requests,
 jobs and prompt tokens in flight, and bytes queued for a client that does not read (past that it
 is cut off). The writer pings a quiet client and cuts off one that misses a ping (a closed lid);
@@ -35,6 +39,7 @@ from wsproto.events import Ping
 from core.errors import EngineOverloaded, InvalidParameter
 
 from . import protocol
+from .budget import WorkBudget, stop_cost, text_estimate
 from .jobs import Event
 from .protocol import ProtocolError
 from .rooms import messages as room_messages
@@ -57,20 +62,35 @@ POLL_S = 1.0               # the reader wakes this often to check for idleness, 
 @sock.route("/ws", bp=bp)
 def websocket(ws):
     runtime = get_runtime()
-    address = request.remote_addr or "?"
     rooms = current_app.extensions.get("sendlens_rooms")
     cookies = dict(request.cookies)
     member = rooms.member_of(cookies, request.args.get("room")) if rooms else None   # (room, name) or None
-    if member is not None:                  # counted as the room's seat, not against the address
-        address = f"room {member[0].code}"
-    refused = runtime.open_connection(address, per_address=member is None)
+    # a room's student counts against the room's seats, not the address (a classroom shares one)
+    seat = rooms.seat(member[0]) if member is not None else runtime.seat_for(request)
+    refused = runtime.open_connection(seat)
     if refused:
         ws.send(json.dumps(ProtocolError("overloaded", refused, "connections").as_message()))
         return
     try:
         Connection(ws, runtime, rooms, cookies, member).serve()
     finally:
-        runtime.close_connection(address)
+        runtime.close_connection(seat)
+
+
+def work_estimate(msg: dict, config, template: tuple[int, int]) -> int:
+    """An upper bound, before any work, on the tokens of work a message costs: the tokens its text
+    can tokenize to (its bytes, and the chat template's own around `messages`), and a generate
+    request's stop-string checks."""
+    chat = msg.get("messages") if isinstance(msg.get("messages"), list) else []
+    texts = [m.get("content") for m in chat if isinstance(m, dict)]
+    texts += [msg[k] for k in ("text", "prompt") if isinstance(msg.get(k), str)]
+    estimate = text_estimate(*[t for t in texts if isinstance(t, str)])
+    if chat:
+        estimate += template[0] + template[1] * len(chat)
+    if "stop" in msg and isinstance(msg["stop"], (str, list)):
+        max_tokens = msg.get("max_tokens", config.default_max_tokens)
+        estimate += stop_cost(msg["stop"], max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1)
+    return estimate
 
 
 class Call:
@@ -85,15 +105,38 @@ class Call:
         self.config = conn.runtime.config
         self.info = conn.runtime.info
         self.tokenizer = conn.runtime.engine.view.tokenizer
+        self.estimate = 0          # tokens of work taken from the budget before the handler ran
+        self.cost = 0              # ... and what the handler says it cost (settled when it returns)
+        self.deferred = False      # the cost is settled later, by a job
+
+    # -- the connection's work budget (app/budget.py) -----------------------------------------
+    def charge(self, tokens: int) -> None:
+        """Say what this message's work cost, in tokens (settled against the estimate on return)."""
+        self.cost += tokens
+
+    def inline(self) -> bool:
+        """May this message's work run here, on the reader thread (at most one slice of it)?"""
+        return self.estimate <= self.config.work_slice_tokens
+
+    def settle_later(self):
+        """The work runs as a job: the estimate stays charged until the returned settle(tokens)."""
+        self.deferred = True
+        budget, estimate = self.conn.budget, self.estimate
+        return lambda tokens: budget.settle(estimate, tokens)
 
     def reply(self, payload: dict, type: str | None = None) -> None:
         """Answer now: {"type": <this type>, "id": <this id>, **payload}."""
         self.conn.send({"type": type or self.type, "id": self.id, **payload})
 
-    def job(self, inputs: dict, work) -> None:
+    def job(self, inputs: dict, work, cache: bool = True) -> None:
         """Answer with work(engine)'s result, computed by the job runner between serving steps
-        (cached by this message type and `inputs`, which must determine the result)."""
-        self.conn.start_job(self, inputs, work)
+        (cached by this message type and `inputs`, which must determine the result, if `cache`)."""
+        self.conn.start_job(self, inputs, work, cache)
+
+    def sliced(self, inputs: dict, work) -> None:
+        """Answer at-once work that is too long for the reader's thread (a long tokenization) as a
+        job, uncached: counted apart from the widget jobs, so a page's jobs never crowd it out."""
+        self.conn.start_job(self, inputs, work, cache=False, sliced=True)
 
     def own_requests(self) -> frozenset:
         """The engine request ids this connection has in flight (to mark a reader's own)."""
@@ -128,11 +171,13 @@ class Connection:
         self.loops: dict[object, object] = {}  # client id -> the EngineLoop of a room request (else the server's)
         self.request_tokens: dict[object, int] = {}  # client id -> its prompt tokens
         self.jobs: set[object] = set()         # client ids of jobs in flight
+        self.sliced: set[object] = set()       # ... of them, at-once work run as a job (Call.sliced)
         self.lock = threading.Lock()
         self.closed = False                    # the reader stops
         self.dropped = False                   # nothing more is queued: the socket is gone
         self.last_heard = time.monotonic()
         self.allowance = 2.0 * self.config.max_messages_per_second  # token bucket: a full burst to start
+        self.budget = WorkBudget(self.config.work_tokens_per_second, self.config.work_burst_tokens)
         self.writer = threading.Thread(target=self._write, name="sendlens-ws-writer", daemon=True)
 
     # -- reading (the request thread) --------------------------------------------------------
@@ -173,7 +218,8 @@ class Connection:
         self._last_take = now
         if self.allowance < 1.0:
             raise ProtocolError("overloaded", f"more than {rate} messages a second on this connection "
-                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate", mid)
+                                              f"(max_messages_per_second); retry after {1.0 / rate:.2f} s", "rate", mid,
+                                retry_after_s=round(1.0 / rate, 2))
         self.allowance -= 1.0
 
     def _check_idle_and_shutdown(self) -> None:
@@ -202,6 +248,7 @@ class Connection:
         with self.lock:
             leftover = [(self.loops.get(mid, self.runtime.loop), rid) for mid, rid in self.requests.items()]
             self.jobs.clear()               # each request is popped when its done arrives
+            self.sliced.clear()
         for loop, request_id in leftover:
             loop.abort(request_id)
         self.runtime.jobs.cancel_owner(self)
@@ -239,6 +286,10 @@ class Connection:
         except OSError:
             pass
 
+    def charge_slice(self) -> None:
+        """One slice of this connection's job ran (the job runner, on the engine loop's thread)."""
+        self.budget.charge(self.config.job_slice_tokens, floor=0)   # it empties the budget, never indebts it
+
     def handle(self, msg: dict) -> None:
         mid = msg["id"]
         try:
@@ -247,7 +298,17 @@ class Connection:
             with self.lock:
                 if mid in self.requests or mid in self.jobs:
                     raise ProtocolError("invalid_request", f"a request with id {mid!r} is still running", "id")
-            MESSAGE_TYPES[msg["type"]].handle(Call(self, msg))
+            call = Call(self, msg)
+            estimate = work_estimate(msg, self.config, self.runtime.template_bytes)
+            call.estimate = self.budget.take(estimate, mid, f"this {msg['type']} message")
+            try:
+                MESSAGE_TYPES[msg["type"]].handle(call)
+            except BaseException:
+                call.deferred = False          # no job took the work over: settle what was done
+                raise
+            finally:
+                if not call.deferred:
+                    self.budget.settle(call.estimate, call.cost)
         except ProtocolError as exc:
             exc.id = mid
             raise
@@ -260,6 +321,7 @@ class Connection:
             loop = self.loops.get(mid, self.runtime.loop)
             is_job = mid in self.jobs
             self.jobs.discard(mid)
+            self.sliced.discard(mid)
         if request_id is not None:
             loop.abort(request_id)                   # the stream ends with done, finish_reason abort
         elif is_job:
@@ -268,14 +330,17 @@ class Connection:
         else:
             raise ProtocolError("invalid_request", f"no running request has id {mid!r}", "id")
 
-    def start_job(self, call: Call, inputs: dict, work) -> None:
+    def start_job(self, call: Call, inputs: dict, work, cache: bool = True, sliced: bool = False) -> None:
         mid, kind = call.id, call.type
         with self.lock:
-            if len(self.jobs) >= self.config.max_jobs_per_connection:
+            held = len(self.sliced) if sliced else len(self.jobs) - len(self.sliced)
+            if held >= self.config.max_jobs_per_connection:
                 raise ProtocolError("overloaded", f"{self.config.max_jobs_per_connection} jobs are already "
                                                   "running on this connection (max_jobs_per_connection)",
                                     "connection")
             self.jobs.add(mid)
+            if sliced:
+                self.sliced.add(mid)
 
         def subscriber(event: Event) -> None:  # on the engine loop's thread: only queue it
             for message in self._job_messages(mid, kind, event):
@@ -284,10 +349,11 @@ class Connection:
         runner = self.runtime.jobs
         canonical = MESSAGE_TYPES[kind].canonical if kind in MESSAGE_TYPES else kind   # an old name shares the cache
         try:
-            runner.submit(self, mid, runner.key(canonical, inputs), work, subscriber)
+            runner.submit(self, mid, runner.key(canonical, inputs), work, subscriber, cache)
         except Exception:
             with self.lock:
                 self.jobs.discard(mid)
+                self.sliced.discard(mid)
             raise
 
     def start_request(self, call: Call, prompt, params, format_output, accepted) -> None:
@@ -298,6 +364,7 @@ class Connection:
             return room_messages.start_request(self, room, student, call, prompt, params, format_output, accepted)
         mid = call.id
         seq = self.runtime.loop.prepare(prompt, params)
+        call.charge(seq.num_prompt_tokens + stop_cost(params.stop, params.max_tokens))   # app/budget.py
         self.hold_request(mid, seq)
         if accepted is not None:
             self.send({"type": "accepted", "id": mid, **accepted(seq)})  # before any output can be queued
@@ -385,6 +452,7 @@ class Connection:
                 return []
             if event.kind != "progress":
                 self.jobs.discard(mid)
+                self.sliced.discard(mid)
         if event.kind == "progress":
             p = event.progress
             return [{"type": "progress", "id": mid, "done": p.done, "total": p.total, "note": p.note}]

@@ -25,6 +25,7 @@ class ProtocolError(Exception):
     message: str
     param: str | None = None
     id: object = None
+    retry_after_s: float | None = None   # overloaded by a rate or budget: when a retry can succeed
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -34,7 +35,10 @@ class ProtocolError(Exception):
         return cls(getattr(exc, "code", "invalid_request"), str(exc), getattr(exc, "param", None), id)
 
     def as_message(self) -> dict:
-        return {"type": "error", "id": self.id, "code": self.code, "message": self.message, "param": self.param}
+        msg = {"type": "error", "id": self.id, "code": self.code, "message": self.message, "param": self.param}
+        if self.retry_after_s is not None:
+            msg["retry_after_s"] = self.retry_after_s
+        return msg
 
 
 def parse(raw, config: ServerConfig, types: dict) -> dict:

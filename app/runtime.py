@@ -17,6 +17,8 @@ from core.engine.engine_loop import EngineLoop
 from core.engine.llm_engine import LLMEngine
 from core.parallel.workers import ProcessBudget
 
+from .budget import template_bytes
+from .clients import Seat, address_seat, client_address, parse_networks
 from .config import ServerConfig
 from .jobs import JobRunner
 
@@ -33,9 +35,14 @@ class Runtime:
         self.workers = ProcessBudget(config.max_worker_processes)  # the parallelism widgets' processes
         self.loop.start()
         self.info = self.loop.info()
+        self.template_bytes = template_bytes(engine.tokenizer)  # the chat template's own text (app/budget.py)
         self._count_lock = threading.Lock()
-        self._by_address: Counter[str] = Counter()
+        self._by_seat: Counter[str] = Counter()
         self.num_connections = 0
+        self.proxies = parse_networks(config.trusted_proxies)
+        # request -> the Seat its connection counts against; a deployment may install its own
+        # (a classroom room's members against the room), see app/clients.py
+        self.seat_for = self.address_seat
         self.stopping = threading.Event()  # set on SIGTERM: connections end, requests are aborted
 
     @property
@@ -43,10 +50,18 @@ class Runtime:
         """For validation and tokenizing only (thread-safe parts); state is read via the loop."""
         return self.loop.engine
 
-    def open_connection(self, address: str, per_address: bool = True) -> str | None:
-        """Count a new websocket in; None if it may stay, else why not (it is then closed).
-        per_address False: a room's student, who counts against the room's seats instead
-        (a classroom shares one address)."""
+    def client_address(self, request) -> str:
+        """The client's address: the TCP peer, or what a trusted proxy says (app/clients.py)."""
+        return client_address(request.remote_addr, request.headers, self.proxies, self.config.client_address_header)
+
+    def address_seat(self, request) -> Seat:
+        """The default seat: the client's address, under max_connections_per_address."""
+        return address_seat(self.client_address(request), self.config)
+
+    def open_connection(self, seat: Seat) -> str | None:
+        """Count a new websocket in against its seat (the client's address, or a room's seats for
+        a room's student: a classroom shares one address); None if it may stay, else why not (it
+        is then closed)."""
         c = self.config
         with self._count_lock:
             if self.stopping.is_set():
@@ -54,19 +69,20 @@ class Runtime:
             if self.num_connections >= c.max_connections:
                 return (f"the server already has {c.max_connections} connections (max_connections); "
                         "try again shortly")
-            if per_address and self._by_address[address] >= c.max_connections_per_address:
-                return (f"{c.max_connections_per_address} connections are already open from your address "
-                        "(max_connections_per_address); close some tabs")
+            if self._by_seat[seat.key] >= seat.limit:
+                where = "your address" if seat.setting == "max_connections_per_address" else seat.key
+                return (f"{seat.limit} connections are already open from {where} ({seat.setting}); "
+                        "close some tabs")
             self.num_connections += 1
-            self._by_address[address] += 1
+            self._by_seat[seat.key] += 1
         return None
 
-    def close_connection(self, address: str) -> None:
+    def close_connection(self, seat: Seat) -> None:
         with self._count_lock:
             self.num_connections -= 1
-            self._by_address[address] -= 1
-            if self._by_address[address] <= 0:
-                del self._by_address[address]
+            self._by_seat[seat.key] -= 1
+            if self._by_seat[seat.key] <= 0:
+                del self._by_seat[seat.key]
 
     def begin_shutdown(self) -> None:
         """Refuse new connections; the open ones abort their requests, say goodbye and end."""
@@ -87,6 +103,7 @@ class Runtime:
             "max_requests_per_connection": c.max_requests_per_connection,
             "max_jobs_per_connection": c.max_jobs_per_connection,
             "max_messages_per_second": c.max_messages_per_second, "idle_timeout_s": c.idle_timeout_s,
+            "work_tokens_per_second": c.work_tokens_per_second, "work_burst_tokens": c.work_burst_tokens,
         }}
 
     def facts(self) -> dict:

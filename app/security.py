@@ -6,9 +6,11 @@ and the security headers of every response.
   400, through Flask's TRUSTED_HOSTS.
 - Origin (cross-site websocket hijacking, OWASP ASVS 4.4): browsers send any page's websocket
   handshake with that page's Origin, cookies or not. /ws is refused with 403 before the upgrade
-  unless the origin is this site (a trusted host on the same port) or in `allowed_origins`;
+  unless the origin is this site (a trusted host on the same port, with the same scheme: an https
+  page may open wss:// only and an http page ws:// only) or in `allowed_origins`;
   `null` and `file://` never pass. Embeds keep working on any site: the iframe's page, and so its
   socket, comes from this server. A client that sends no Origin is not a browser page and is let in.
+  Behind a proxy that ends TLS, the scheme is the one a trusted proxy forwards (app/clients.py).
 - Headers: a content security policy for every response (scripts, style sheets and sockets from
   this site only, style attributes allowed for plotly.js; frames of /embed/ pages from `frame_ancestors`, of the rest from this site), and the
   usual companions.
@@ -18,6 +20,8 @@ import socket
 from urllib.parse import urlsplit
 
 from flask import Flask, abort, request
+
+from .clients import client_scheme, parse_networks
 
 WS_PATH = "/ws"
 
@@ -46,7 +50,8 @@ def machine_names() -> list[str]:
     return sorted(n for n in names if n)
 
 
-def origin_allowed(origin: str | None, host: str, trusted: list[str], allowed: set[str]) -> bool:
+def origin_allowed(origin: str | None, host: str, trusted: list[str], allowed: set[str], scheme: str = "http") -> bool:
+    """May a page of `origin` open the websocket of this server, reached as `scheme`://`host`?"""
     if origin is None:
         return True                      # not a browser page: no cross-site risk
     if origin in allowed:
@@ -54,10 +59,12 @@ def origin_allowed(origin: str | None, host: str, trusted: list[str], allowed: s
     parts = urlsplit(origin)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return False                     # null, file://, chrome-extension:// ...
+    if parts.scheme != scheme:
+        return False                     # an https page opens wss:// only, an http page ws:// only
     try:
         want = urlsplit(f"//{host}")
         origin_port = parts.port or (443 if parts.scheme == "https" else 80)
-        host_port = want.port or (443 if request.scheme == "https" else 80)
+        host_port = want.port or (443 if scheme == "https" else 80)
     except ValueError:
         return False
     return parts.hostname in trusted and origin_port == host_port
@@ -66,13 +73,17 @@ def origin_allowed(origin: str | None, host: str, trusted: list[str], allowed: s
 def init_app(app: Flask, cfg) -> None:
     trusted = machine_names() + cfg.trusted_hosts.split()
     allowed = set(cfg.allowed_origins.split())
+    proxies = parse_networks(cfg.trusted_proxies)
     app.config["TRUSTED_HOSTS"] = trusted
     styles = style_policy()
 
     @app.before_request
     def check_host_and_origin():
         host = request.host               # raises SecurityError (400) for an untrusted Host
-        if request.path == WS_PATH and not origin_allowed(request.headers.get("Origin"), host, trusted, allowed):
+        if request.path != WS_PATH:
+            return
+        scheme = client_scheme(request.remote_addr, request.headers, request.scheme, proxies)
+        if not origin_allowed(request.headers.get("Origin"), host, trusted, allowed, scheme):
             abort(403, description="This page's origin may not open sendlens' websocket.")
 
     @app.after_request

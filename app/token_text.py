@@ -51,12 +51,25 @@ def pieces(tokenizer, ids) -> list[dict]:
     """Each token as {id, text, special, bytes}: `text` the characters it completes (so the texts
     join into the decoded text), `bytes` its raw bytes in hex when it is not whole characters on
     its own (else None)."""
+    steps = pieces_steps(tokenizer, ids, max(1, len(ids)))
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def pieces_steps(tokenizer, ids, per_step: int):
+    """pieces() as a generator that yields after every `per_step` tokens; returns the list."""
     out, pending = [], b""
-    for tid, (raw, special) in zip(ids, token_bytes(tokenizer, ids)):
-        pending += raw
-        text, pending = _complete(pending)
-        out.append({"id": tid, "text": text, "special": special,
-                    "bytes": None if _whole(raw) else raw.hex(" ")})
+    for lo in range(0, len(ids), per_step):
+        part = ids[lo:lo + per_step]
+        for tid, (raw, special) in zip(part, token_bytes(tokenizer, part)):
+            pending += raw
+            text, pending = _complete(pending)
+            out.append({"id": tid, "text": text, "special": special,
+                        "bytes": None if _whole(raw) else raw.hex(" ")})
+        yield None
     if pending:  # a text cannot end inside a character, but ids can
         out[-1]["text"] += pending.decode("utf-8", errors="replace")
     return out

@@ -3,6 +3,7 @@
     python -m bench.load --clients 50 --seconds 60            # against http://127.0.0.1:8000
     python -m bench.load --clients 30 --seconds 20 --drop     # ... each dropping its TCP connection mid-answer
     python -m bench.load --clients 40 --seconds 60 --room K7QX2M9A   # 40 students join a room and chat in it
+    python -m bench.load --clients 8 --seconds 30 --neighbour template   # ... beside one flooding client
 
 Each client sends a chat request, reads the stream to `done`, and sends the next, until the time
 is up (then it finishes the answer in flight). Reported, in vLLM's serving-benchmark terms:
@@ -13,7 +14,9 @@ opened at /room/new), each client first joins the room over HTTP as a student (i
 rides the websocket handshake, so its requests run on the room's engine), and one more
 connection watches the room as the first student does and counts the `room_update`s pushed to
 it (the presenter's update rate). Loopback only by default:
-`--url` must name this machine (a load test never leaves it).
+`--url` must name this machine (a load test never leaves it). `--neighbour TYPE` runs the
+classroom twice, alone and beside one client flooding TYPE (bench/neighbour.py), and reports the
+bystanders' median TPOT in each.
 """
 
 import argparse
@@ -176,7 +179,11 @@ def client_loop(url: str, deadline: float, max_tokens: int, drop: bool, tally: T
             pass
 
 
-def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool, room: str | None = None) -> dict:
+def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool, room: str | None = None,
+        settle: bool = True) -> dict:
+    """The classroom; `room`: the clients join that room first; `settle`: wait for the server to
+    have no connection and no request left before reading /healthz after (off while another
+    client, a flooder, is still connected)."""
     parts = urlsplit(url)
     base = f"http://{parts.netloc}"
     before = healthz(base)
@@ -195,10 +202,11 @@ def run(url: str, clients: int, seconds: float, max_tokens: int, drop: bool, roo
     for t in threads:
         t.join(seconds + 180)
     wall = time.monotonic() - t0
-    time.sleep(2.0)                                    # let the server notice closed sockets
-    settle = time.monotonic() + 30
+    if settle:
+        time.sleep(2.0)                                # let the server notice closed sockets
+    until = time.monotonic() + (30 if settle else 0)
     after = healthz(base)
-    while (after["connections"] or after["running"]) and time.monotonic() < settle:
+    while (after["connections"] or after["running"]) and time.monotonic() < until:
         time.sleep(0.5)
         after = healthz(base)
     ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
@@ -224,6 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--drop", action="store_true", help="each client drops its TCP connection mid-answer")
     p.add_argument("--room", help="a room's code: each client joins it as a student and chats in it")
+    p.add_argument("--neighbour", choices=("template", "stop", "attention", "generate"),
+                   help="also run the classroom beside one client flooding this message type; compare TPOT")
     p.add_argument("--json", help="also write the report to this file")
     args = p.parse_args(argv)
     host = urlsplit(args.url).hostname
@@ -231,6 +241,17 @@ def main(argv=None) -> int:
         p.error(f"--url must be on this machine ({', '.join(sorted(LOOPBACK))}); got {host!r}")
     if not 1 <= args.clients <= MAX_CLIENTS or not 0 < args.seconds <= MAX_SECONDS:
         p.error(f"--clients must be 1..{MAX_CLIENTS} and --seconds 0..{MAX_SECONDS}")
+    if args.neighbour:
+        from .neighbour import run_neighbour
+        report = run_neighbour(args.url, args.neighbour, args.clients, args.seconds, args.max_tokens)
+        print(json.dumps(report, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(json.dumps(report, indent=2) + "\n")
+        print(f"bystanders' median TPOT: {report['tpot_p50_ms']['alone']} ms alone, "
+              f"{report['tpot_p50_ms']['beside']} ms beside a {args.neighbour} flood ({report['tpot_ratio']}x)")
+        lost = report["alone"]["lost"] + report["beside"]["lost"]
+        return 0 if lost == 0 else 1
     report = run(args.url, args.clients, args.seconds, args.max_tokens, args.drop, args.room)
     text = json.dumps(report, indent=2)
     print(text)

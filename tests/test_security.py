@@ -80,6 +80,22 @@ def test_a_foreign_origin_cannot_open_the_websocket(live_server, origin):
     assert handshake(live_server.port, origin.format(port=live_server.port)) == 403
 
 
+@pytest.mark.parametrize("origin", ["https://127.0.0.1:{port}", "https://localhost:{port}"])
+def test_an_origin_of_the_other_scheme_cannot_open_the_websocket(live_server, origin):
+    """This server speaks http: an https page of the same host and port may open wss:// only,
+    which this server does not serve, so its handshake is refused."""
+    assert handshake(live_server.port, origin.format(port=live_server.port)) == 403
+
+
+def test_origin_schemes_pair_http_with_ws_and_https_with_wss():
+    from app.security import origin_allowed
+    trusted = ["sendlens.example"]
+    assert origin_allowed("https://sendlens.example", "sendlens.example", trusted, set(), "https")
+    assert not origin_allowed("http://sendlens.example", "sendlens.example", trusted, set(), "https")
+    assert not origin_allowed("https://sendlens.example", "sendlens.example", trusted, set(), "http")
+    assert origin_allowed("http://sendlens.example", "sendlens.example", trusted, set(), "http")
+
+
 @pytest.mark.parametrize("origin", ["http://127.0.0.1:{port}", "http://localhost:{port}", None])
 def test_the_sites_own_origin_opens_the_websocket(live_server, origin):
     assert handshake(live_server.port, origin.format(port=live_server.port) if origin else None) == 101

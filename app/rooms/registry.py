@@ -14,6 +14,7 @@ import threading
 import time
 from collections import defaultdict, deque
 
+from ..clients import Seat
 from . import codes, settings as room_settings
 from .errors import RoomError, not_found
 from .records import FINAL, Record, RequestState, busy_slots
@@ -89,6 +90,12 @@ class Registry:
             if name is not None and (wanted is None or codes.normalize_code(wanted) == code):
                 found = (room, name)
         return found
+
+    def seat(self, room) -> Seat:
+        """The seat a room student's websocket counts against (app/clients.py): the room, not the
+        address, since a classroom shares one. Two per student: a reload's new socket may open
+        before the old one has closed."""
+        return Seat(f"room:{room.code}", 2 * self.config.room_max_students, "room_max_students")
 
     def allow_join(self, address: str) -> bool:
         """Count a join attempt from `address`; False once it passes the rate per minute."""

@@ -16,6 +16,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, redirect, re
 
 from core.errors import InvalidParameter
 
+from ..clients import client_address, parse_networks
 from . import codes, qr, replay
 from .errors import RoomError
 from .messages import PRESENTER_COOKIE, STUDENT_COOKIE
@@ -92,7 +93,10 @@ def student(code):
 @bp.post("/room/<code>/join")
 def join(code):
     reg = registry()
-    if not reg.allow_join(request.remote_addr or "?"):
+    config = current_app.config["SENDLENS"]
+    address = client_address(request.remote_addr, request.headers, parse_networks(config.trusted_proxies),
+                             config.client_address_header)   # through trusted_proxies (app/clients.py)
+    if not reg.allow_join(address):
         return render_template("room_student.html", code=code[:16], joined=False, error=(
             f"Too many join attempts from your address; wait a minute (room_join_rate_per_minute "
             f"{current_app.config['SENDLENS'].room_join_rate_per_minute})."), value=""), 429
@@ -101,7 +105,7 @@ def join(code):
         return render_template("room_student.html", code=code[:16], joined=False, not_found=True), 404
     typed = request.form.get("display_name", "")
     try:
-        token, _ = reg.join(room, typed, request.remote_addr or "?")
+        token, _ = reg.join(room, typed, address)
     except InvalidParameter as exc:
         status = 409 if getattr(exc, "code", "") == "room_full" else 400
         return render_template("room_student.html", code=room.code, joined=False, error=str(exc),

@@ -4,16 +4,17 @@ Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, 
 `accepted`, then `token` per token and `done` (finish reason, cached tokens, timings and the
 request's timeline of engine steps); with n > 1 samples, each token says which `sample` it
 belongs to and `done` lists every sample's ending; `template` {messages} -> the chat template's tokens, each
-labelled with where it came from. The prompt comes from the seam's `chat_prompt`, as the stepper's
+labelled with where it came from (a long chat as a job, in slices: see `template`). The prompt comes from the seam's `chat_prompt`, as the stepper's
 of section 7 (`generation`) does.
 """
 
 from core.engine.outputs import RequestOutput
 from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter, is_int
+from core.model.tokenizer import drain
 
 from .base import Widget, message
-from .seam import chat_messages, chat_prompt, ms, pieces
+from .seam import chat_messages, chat_prompt, ms, pieces_steps
 
 
 def sampling_params(msg: dict, config, **extra) -> SamplingParams:
@@ -111,16 +112,35 @@ def generate(call) -> None:
 
 
 def template(call) -> None:
-    rendered = call.tokenizer.render_chat(chat_messages(call.msg, call.config))
+    """The chat template's tokens. A chat whose estimate is over `work_slice_tokens` is rendered
+    and labelled as a job, in slices between engine steps, never on the reader's thread."""
+    messages = chat_messages(call.msg, call.config)
+    tokenizer, per_slice, window = call.tokenizer, call.config.work_slice_tokens, call.info["context_window"]
+    if call.inline():
+        rendered = tokenizer.render_chat(messages)
+        call.charge(len(rendered.token_ids))
+        call.reply(drain(template_reply(tokenizer, rendered, window, len(rendered.token_ids))))
+        return
+    settle = call.settle_later()
+
+    def work(engine):
+        rendered = yield from tokenizer.render_chat_steps(messages, per_step=per_slice)
+        settle(len(rendered.token_ids))
+        return (yield from template_reply(tokenizer, rendered, window, per_slice))
+    call.sliced({"messages": messages}, work)
+
+
+def template_reply(tokenizer, rendered, context_window: int, per_slice: int):
+    """The reply to `template`, built `per_slice` tokens at a step (a generator)."""
     # each token's text as the characters it completes, and its bytes when it holds part of one
     # (an emoji cut in two), as the tokenizer widget shows them: the same chips
-    shown = pieces(call.tokenizer, rendered.token_ids)
-    call.reply({
+    shown = yield from pieces_steps(tokenizer, rendered.token_ids, max(1, per_slice))
+    return {
         "text": rendered.text, "num_tokens": len(rendered.token_ids),
-        "context_window": call.info["context_window"],
+        "context_window": context_window,
         "tokens": [{"id": t.id, "text": p["text"], "bytes": p["bytes"], "kind": t.kind.value, "role": t.role,
                     "message": t.message} for t, p in zip(rendered.tokens, shown)],
-    })
+    }
 
 
 WIDGET = Widget("chat", messages=(

@@ -12,7 +12,8 @@ What lives here:
   engine of the job's own beside the serving one, LLMEngine.sibling), one engine step per
   `next()`, so a job runs one step per slice of the job runner.
 - `filler_ids()`, `read_bandwidth()`: a prompt of plain prose of any length; memory read bandwidth.
-- `token_list()`, `pieces()`, `lone_piece()`: tokens as {id, text} for a reply.
+- `token_list()`, `pieces()`, `pieces_steps()`, `lone_piece()`: tokens as {id, text} for a reply
+  (pieces_steps: in slices, for a job).
 - `chat_prompt()`: a message's prompt, from `messages` (the chat template) or `prompt`.
 """
 
@@ -26,7 +27,7 @@ from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
 from core.model.tokenizer import validate_messages
 
-from ..token_text import lone_piece, pieces  # noqa: F401  (the widgets' token helpers, re-offered here)
+from ..token_text import lone_piece, pieces, pieces_steps  # noqa: F401  (the widgets' token helpers, re-offered here)
 from .base import integer
 
 REMEASURE_FIELD = "run"            # the protocol's name for the "measure again" counter

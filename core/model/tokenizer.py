@@ -39,6 +39,18 @@ class RenderedChat:
     tokens: list[ChatToken]
 
 
+CHARS_PER_TOKEN = 4        # about this many characters a token of English text: a step's characters per token of work
+
+
+def drain(steps):
+    """Run a generator of steps to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
 # Private-use characters mark where each message's content sits in the rendered template.
 _OPEN, _MID, _CLOSE = "\ue000", "\ue001", "\ue002"
 
@@ -89,22 +101,33 @@ class Tokenizer:
 
     def render_chat(self, messages, add_generation_prompt: bool = True) -> RenderedChat:
         """The template applied to `messages`, with every token labelled (see TokenKind)."""
+        return drain(self.render_chat_steps(messages, add_generation_prompt))
+
+    def render_chat_steps(self, messages, add_generation_prompt: bool = True, per_step: int = 1 << 30):
+        """render_chat as a generator that yields between pieces of about `per_step` tokens of work
+        (CHARS_PER_TOKEN characters a token), so a long chat can be labelled in short slices; the
+        one tokenizer call that encodes the text is a single piece. Returns the RenderedChat."""
         text = self.render_template(messages, add_generation_prompt)
-        labels = self._char_labels(messages, text, add_generation_prompt)
-        with self._lock:
-            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = enc["input_ids"]
-        texts = self.token_texts(ids)
+        yield None
+        labels = yield from self._char_labels(messages, text, add_generation_prompt, per_step * CHARS_PER_TOKEN)
+        with self._lock:   # the Rust tokenizer's own encoding: ids and offsets without the wrapper's conversions
+            enc = self.hf.backend_tokenizer.encode(text, add_special_tokens=False)
+            ids, offsets = enc.ids, enc.offsets
+        yield None
         tokens = []
-        for tid, piece, (start, _) in zip(ids, texts, enc["offset_mapping"]):
-            kind, role, message = labels[start] if start < len(labels) else (TokenKind.INSERTED, None, None)
-            if tid in self.special_ids:
-                kind = TokenKind.SPECIAL
-            tokens.append(ChatToken(tid, piece, kind, role, message))
+        for lo in range(0, len(ids), per_step):
+            part = ids[lo:lo + per_step]
+            for tid, piece, (start, _) in zip(part, self.token_texts(part), offsets[lo:lo + per_step]):
+                kind, role, message = labels[start] if start < len(labels) else (TokenKind.INSERTED, None, None)
+                if tid in self.special_ids:
+                    kind = TokenKind.SPECIAL
+                tokens.append(ChatToken(tid, piece, kind, role, message))
+            yield None
         return RenderedChat(text, ids, tokens)
 
-    def _char_labels(self, messages, text, add_generation_prompt):
-        """(kind, role, message index) for every character of the rendered text.
+    def _char_labels(self, messages, text, add_generation_prompt, per_step: int):
+        """(kind, role, message index) for every character of the rendered text, yielding after
+        every `per_step` characters of each pass (a generator: `yield from` it).
 
         Three renders, whatever the length of the chat: the text itself, the text with each
         message's content marked, and the text without the generation prompt.
@@ -116,8 +139,11 @@ class Tokenizer:
         marked = [{**m, "content": f"{_OPEN}{i}{_MID}{m['content']}{_CLOSE}"} for i, m in enumerate(messages)]
         raw = self.render_template(marked, add_generation_prompt)
         content_of, starts, ends = [], {}, {}
-        current, pos = None, 0
+        current, pos, next_yield = None, 0, per_step
         while pos < len(raw):
+            if pos >= next_yield:
+                next_yield += per_step
+                yield None
             ch = raw[pos]
             if ch == _OPEN:
                 mid = raw.index(_MID, pos)
@@ -145,6 +171,8 @@ class Tokenizer:
         inserted_role = self._role_after_special(text, 0)
         labels = []
         for c in range(len(text)):
+            if c and c % per_step == 0:
+                yield None
             if c >= chat_end:
                 labels.append((TokenKind.GENERATION_PROMPT, "assistant", None))
             elif c < opens[0]:

@@ -13,6 +13,10 @@ Bounded and always cleaned up, because a web page starts these:
 - every group has a deadline, after which it is killed and `wait` raises WorkerTimeout;
 - `close()` terminates, then kills, every process still alive, and is called however the group
   ends (a context manager, or the job runner closing an aborted job's generator);
+- a worker that dies from outside (a signal, the out-of-memory killer) is told apart from one that
+  raised: `wait` raises WorkerFailed (code `worker_failed`, with the exit status), even when a peer
+  reports its broken connection to the dead one first (the peer's report waits REPORT_GRACE_S
+  for a death to explain it);
 - each worker asks the kernel to kill it if its parent dies (Linux PR_SET_PDEATHSIG), so even a
   SIGKILLed server leaves no orphans; workers run at a lower priority (nice) than the server, so
   a chat keeps its cores while an experiment runs.
@@ -34,6 +38,7 @@ from core.errors import InvalidParameter
 
 NICE = 10                 # workers' scheduling priority below the server's (0)
 JOIN_S = 2.0              # how long close() waits for a terminated worker before SIGKILL
+REPORT_GRACE_S = 2.0      # a worker's reported failure waits this long for a peer's death to explain it
 
 
 class WorkerError(RuntimeError):
@@ -43,6 +48,26 @@ class WorkerError(RuntimeError):
 
 class WorkerTimeout(RuntimeError):
     code = "timeout"
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died from outside (a signal, the kernel's out-of-memory killer): nothing in
+    our code failed, so the job ends with the named error `worker_failed`, not internal_error."""
+    code = "worker_failed"
+
+    def __init__(self, name: str, exit_status: int):
+        self.exit_status = exit_status        # multiprocessing's exitcode: -N for signal N
+        how = (f"was killed by {_signal_name(-exit_status)}" if exit_status < 0
+               else f"exited with status {exit_status}")
+        super().__init__(f"worker process {name} {how} (exit status {exit_status}); "
+                         "the other workers were stopped")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class ProcessBudget:
@@ -86,6 +111,7 @@ class WorkerGroup:
         self._holding = False
         self._dir = None
         self._queue = None
+        self._reported = None             # (monotonic time, message) of the first failure a worker reported
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, wait_s: float = 0.0) -> bool:
@@ -113,21 +139,24 @@ class WorkerGroup:
 
     def wait(self, timeout: float = 0.0) -> list | None:
         """Every rank's result in rank order once all are in, else None after `timeout` seconds.
-        Raises WorkerError if a worker failed or died, WorkerTimeout past the deadline."""
+        Raises WorkerError if a worker raised, WorkerFailed if one died, WorkerTimeout past the deadline."""
         deadline = time.monotonic() + timeout
         while len(self.results) < self.world_size:
             if self._queue is not None and not self._queue.empty():
                 rank, ok, value = self._queue.get()
-                value = pickle.loads(value) if ok else value
-                if not ok:
-                    self.close()
-                    raise WorkerError(f"worker {rank} of {self.world_size} failed:\n{value}")
-                self.results[rank] = value
+                if not ok:   # a peer of a killed worker may report first: wait for the death below
+                    self._reported = self._reported or (time.monotonic(), f"worker {rank} of {self.world_size} "
+                                                                         f"failed:\n{value}")
+                else:
+                    self.results[rank] = pickle.loads(value)
                 continue
             dead = [p for p in self.procs if p.exitcode not in (None, 0)]
             if dead:
                 self.close()
-                raise WorkerError(f"worker process {dead[0].name} died (exit code {dead[0].exitcode})")
+                raise WorkerFailed(dead[0].name, dead[0].exitcode)
+            if self._reported and time.monotonic() - self._reported[0] > REPORT_GRACE_S:
+                self.close()
+                raise WorkerError(self._reported[1])
             if time.monotonic() - self.started > self.timeout_s:
                 self.close()
                 raise WorkerTimeout(f"the worker processes did not finish within {self.timeout_s:g} s")
@@ -246,5 +275,5 @@ def start_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
         yield None
 
 
-__all__ = ["WorkerGroup", "ProcessBudget", "WorkerError", "WorkerTimeout", "wait_in_slices", "start_in_slices",
+__all__ = ["WorkerGroup", "ProcessBudget", "WorkerError", "WorkerTimeout", "WorkerFailed", "wait_in_slices", "start_in_slices",
            "launched_by_torchrun", "run_torchrun_rank"]
