@@ -35,7 +35,7 @@ class Runtime:
         self.workers = ProcessBudget(config.max_worker_processes)  # the parallelism widgets' processes
         self.loop.start()
         self.info = self.loop.info()
-        self.template_bytes = template_bytes(engine.tokenizer)  # the chat template's own text (app/budget.py)
+        self.template_bytes = template_bytes(engine.view.tokenizer)  # the chat template's own text (app/budget.py)
         self._count_lock = threading.Lock()
         self._by_seat: Counter[str] = Counter()
         self.num_connections = 0

@@ -28,7 +28,7 @@ OUTLINE = [
     (8, "Two phases", ("phases",)),
     (9, "The KV cache", ("kv-cache",)),
     (10, "KV memory", ("kv-memory",)),
-    (11, "Paged KV", ("paging",)),
+    (11, "Paged KV", ("paging", "sharing")),  # sharing: issue 27's widget beside paging
     (12, "Batching turns a trickle into a matrix", ("gemm",)),
     (13, "Throughput against latency", ("throughput-latency",)),
     (14, "Static against continuous batching", ("batching",)),

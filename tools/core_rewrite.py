@@ -92,6 +92,12 @@ FROM_IMPORT = re.compile(r"^([ \t]*)from[ \t]+(core(?:\.\w+)*)[ \t]+import[ \t]+
 IMPORT_LINE = re.compile(r"^[ \t]*from[ \t]+(?:core|app)[\w.]*[ \t]+import[ \t]+[^(\n]*$")
 
 
+def is_module(package: str, name: str) -> bool:
+    """Is core's package.name a module of the tree as it is now (one added after the move)?"""
+    path = Path(__file__).resolve().parent.parent.joinpath(*package.split("."), name)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def new_module(dotted: str, names: list[str] | None = None) -> str:
     """A module path (maybe with attributes after it) with its old module part mapped to the new."""
     parts = dotted.split(".")
@@ -99,7 +105,7 @@ def new_module(dotted: str, names: list[str] | None = None) -> str:
         head, rest = ".".join(parts[:i]), parts[i:]
         if head in NEW_MODULES and head not in MODULES:
             return dotted
-        if head in NEW_PACKAGES and rest and rest[0] in NEW_PACKAGES[head]:
+        if head in NEW_PACKAGES and rest and (rest[0] in NEW_PACKAGES[head] or is_module(head, rest[0])):
             return dotted                                   # core.model.attention: already new
         if head in NEW_PACKAGES and names and all(n in NEW_PACKAGES[head] for n in names):
             return dotted                                   # from core.model import attention
