@@ -273,3 +273,51 @@ def test_beam_search_params_are_validated_by_name(make_tiny_engine):
         engine.add_beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=2))
     assert err.value.param == "beam_width"
 
+
+
+def run_beams(engine, groups, max_steps=3000):
+    """Step until every group is done, checking reference counts at each step; a search that
+    stops making progress fails here instead of hanging."""
+    for _ in range(max_steps):
+        if all(g.is_finished for g in groups):
+            return [[(b.token_ids, b.cum_logprob) for b in g.result.sequences] for g in groups]
+        engine.step()
+        check_refs(engine)
+    raise AssertionError(f"beam search not done after {max_steps} steps: it hangs")
+
+
+BEAM_PROMPTS = [PROMPT, [1, 80, 81], [1, 5, 9, 13, 17]]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_beams_under_preemption_finish_with_their_unpreempted_beams(make_tiny_engine, assert_pool_clean, mode):
+    params = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
+    roomy = make_tiny_engine(block_size=4, num_kv_blocks=128, enable_prefix_caching=False)
+    want = run_beams(roomy, [roomy.add_beam_search(p, params) for p in BEAM_PROMPTS])
+    # 8 blocks of 4: one beam of 16 tokens fits, the 9 beams of three searches do not
+    engine = make_tiny_engine(block_size=4, num_kv_blocks=8, preemption_mode=mode, enable_prefix_caching=False)
+    got = run_beams(engine, [engine.add_beam_search(p, params) for p in BEAM_PROMPTS])
+    assert got == want
+    assert any(row.preempted for row in engine.view.trace), "the pool was meant to be too small"
+    assert engine.block_manager.num_free_blocks == 8
+    assert engine.scheduler.swap.num_free_blocks == engine.scheduler.swap.num_blocks
+    assert_pool_clean(engine)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_abort_mid_search_under_preemption_gives_every_block_back(make_tiny_engine, assert_pool_clean, mode):
+    params = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
+    engine = make_tiny_engine(block_size=4, num_kv_blocks=8, preemption_mode=mode, enable_prefix_caching=False)
+    groups = [engine.add_beam_search(p, params) for p in BEAM_PROMPTS]
+    for _ in range(3000):
+        engine.step()
+        check_refs(engine)
+        if any(row.preempted for row in engine.view.trace):
+            break
+    assert not any(g.is_finished for g in groups)
+    for g in groups:
+        out = engine.abort(g.request_id)
+        assert out is not None and out.finished
+    assert engine.block_manager.num_free_blocks == 8
+    assert engine.scheduler.swap.num_free_blocks == engine.scheduler.swap.num_blocks
+    assert_pool_clean(engine)
