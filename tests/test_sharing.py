@@ -321,3 +321,44 @@ def test_abort_mid_search_under_preemption_gives_every_block_back(make_tiny_engi
     assert engine.block_manager.num_free_blocks == 8
     assert engine.scheduler.swap.num_free_blocks == engine.scheduler.swap.num_blocks
     assert_pool_clean(engine)
+
+
+def test_beam_blocks_match_a_hand_count_at_every_step(make_tiny_engine, assert_pool_clean):
+    """The pool against a count kept by hand beside the search, from the beams alone: every beam
+    live in a step writes its uncomputed tokens (a block another beam holds is copied first, once),
+    then a beam continued again forks a child holding its blocks, and a pruned beam lets go."""
+    bs = 4
+    engine = make_tiny_engine(block_size=bs, num_kv_blocks=64, enable_prefix_caching=False)
+    group = engine.add_beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True))
+    names = iter(range(10 ** 6))                        # a hand-kept block is a name, not a pool id
+    beams = {group.root.request_id: (list(PROMPT), [], 0)}   # id -> (tokens, blocks, computed)
+    copies = 0
+    while not group.is_finished:
+        engine.step()
+        check_refs(engine)
+        holders = Counter(b for _, blocks, _ in beams.values() for b in blocks)
+        written = {}
+        for rid, (tokens, blocks, computed) in beams.items():
+            blocks = list(blocks)
+            for i in sorted({p // bs for p in range(computed, len(tokens))}):
+                if i < len(blocks) and holders[blocks[i]] > 1:   # copy-on-write
+                    holders[blocks[i]] -= 1
+                    blocks[i] = next(names)
+                    holders[blocks[i]] = 1
+                    copies += 1
+                elif i == len(blocks):
+                    blocks.append(next(names))
+                    holders[blocks[i]] = 1
+            written[rid] = (tokens, blocks)
+        beams = {}
+        for seq in [] if group.is_finished else group.live:
+            if seq.request_id in written:                 # it goes on: its own blocks
+                blocks = written[seq.request_id][1]
+            else:                                          # forked from the beam it continues
+                (blocks,) = [b for t, b in written.values() if t == seq.token_ids[:-1]]
+            beams[seq.request_id] = (list(seq.token_ids), list(blocks), len(seq.token_ids) - 1)
+        want = Counter(b for _, blocks, _ in beams.values() for b in blocks)
+        assert sorted(c for c in engine.block_manager.ref_counts() if c) == sorted(want.values())
+        assert engine.block_manager.num_copies == copies
+    assert copies >= 2
+    assert_pool_clean(engine)
