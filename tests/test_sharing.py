@@ -289,13 +289,17 @@ def run_beams(engine, groups, max_steps=3000):
 BEAM_PROMPTS = [PROMPT, [1, 80, 81], [1, 5, 9, 13, 17]]
 
 
+@pytest.mark.parametrize("weight_format", ["fp32", "q4_1"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_beams_under_preemption_finish_with_their_unpreempted_beams(make_tiny_engine, assert_pool_clean, mode):
+def test_beams_under_preemption_finish_with_their_unpreempted_beams(make_tiny_engine, assert_pool_clean, mode,
+                                                                    weight_format):
     params = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
-    roomy = make_tiny_engine(block_size=4, num_kv_blocks=128, enable_prefix_caching=False)
+    roomy = make_tiny_engine(block_size=4, num_kv_blocks=128, enable_prefix_caching=False,
+                             weight_format=weight_format)
     want = run_beams(roomy, [roomy.add_beam_search(p, params) for p in BEAM_PROMPTS])
     # 8 blocks of 4: one beam of 16 tokens fits, the 9 beams of three searches do not
-    engine = make_tiny_engine(block_size=4, num_kv_blocks=8, preemption_mode=mode, enable_prefix_caching=False)
+    engine = make_tiny_engine(block_size=4, num_kv_blocks=8, preemption_mode=mode, enable_prefix_caching=False,
+                              weight_format=weight_format)
     got = run_beams(engine, [engine.add_beam_search(p, params) for p in BEAM_PROMPTS])
     assert got == want
     assert any(row.preempted for row in engine.view.trace), "the pool was meant to be too small"
