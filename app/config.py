@@ -54,6 +54,7 @@ class ServerConfig:
     max_messages: int = 200               # messages in one chat transcript
     max_tokens_limit: int = 1024          # the most max_tokens a client may ask for
     max_samples: int = 8                  # the most samples (n) one generate request may ask for
+    max_beam_width: int = 4               # the most beams (beam_width) one generate request may ask for
     default_max_tokens: int = 256         # when a generate request does not say
     max_inspect_tokens: int = 1024        # longest text the looking-inside widgets take (tokens)
     # -- who may use it --

@@ -364,7 +364,7 @@ class Connection:
             return room_messages.start_request(self, room, student, call, prompt, params, format_output, accepted)
         mid = call.id
         seq = self.runtime.loop.prepare(prompt, params)
-        call.charge(seq.num_prompt_tokens + stop_cost(params.stop, params.max_tokens))   # app/budget.py
+        call.charge(seq.num_prompt_tokens + stop_cost(getattr(params, "stop", None), params.max_tokens))  # beams: no stop   # app/budget.py
         self.hold_request(mid, seq)
         if accepted is not None:
             self.send({"type": "accepted", "id": mid, **accepted(seq)})  # before any output can be queued

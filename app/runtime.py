@@ -97,7 +97,7 @@ class Runtime:
                 "job_types": sorted(t for t, m in MESSAGE_TYPES.items() if m.job),
                 "request_types": sorted(t for t, m in MESSAGE_TYPES.items() if m.request), "limits": {
             "max_tokens_limit": c.max_tokens_limit, "default_max_tokens": c.default_max_tokens,
-            "max_samples": c.max_samples,
+            "max_samples": c.max_samples, "max_beam_width": c.max_beam_width,
             "max_inspect_tokens": c.max_inspect_tokens, "max_messages": c.max_messages,
             "max_message_bytes": c.max_message_bytes,
             "max_requests_per_connection": c.max_requests_per_connection,

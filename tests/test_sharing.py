@@ -273,3 +273,96 @@ def test_beam_search_params_are_validated_by_name(make_tiny_engine):
         engine.add_beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=2))
     assert err.value.param == "beam_width"
 
+
+
+def run_beams(engine, groups, max_steps=3000):
+    """Step until every group is done, checking reference counts at each step; a search that
+    stops making progress fails here instead of hanging."""
+    for _ in range(max_steps):
+        if all(g.is_finished for g in groups):
+            return [[(b.token_ids, b.cum_logprob) for b in g.result.sequences] for g in groups]
+        engine.step()
+        check_refs(engine)
+    raise AssertionError(f"beam search not done after {max_steps} steps: it hangs")
+
+
+BEAM_PROMPTS = [PROMPT, [1, 80, 81], [1, 5, 9, 13, 17]]
+
+
+@pytest.mark.parametrize("weight_format", ["fp32", "q4_1"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_beams_under_preemption_finish_with_their_unpreempted_beams(make_tiny_engine, assert_pool_clean, mode,
+                                                                    weight_format):
+    params = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
+    roomy = make_tiny_engine(block_size=4, num_kv_blocks=128, enable_prefix_caching=False,
+                             weight_format=weight_format)
+    want = run_beams(roomy, [roomy.add_beam_search(p, params) for p in BEAM_PROMPTS])
+    # 8 blocks of 4: one beam of 16 tokens fits, the 9 beams of three searches do not
+    engine = make_tiny_engine(block_size=4, num_kv_blocks=8, preemption_mode=mode, enable_prefix_caching=False,
+                              weight_format=weight_format)
+    got = run_beams(engine, [engine.add_beam_search(p, params) for p in BEAM_PROMPTS])
+    assert got == want
+    assert any(row.preempted for row in engine.view.trace), "the pool was meant to be too small"
+    assert engine.block_manager.num_free_blocks == 8
+    assert engine.scheduler.swap.num_free_blocks == engine.scheduler.swap.num_blocks
+    assert_pool_clean(engine)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_abort_mid_search_under_preemption_gives_every_block_back(make_tiny_engine, assert_pool_clean, mode):
+    params = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
+    engine = make_tiny_engine(block_size=4, num_kv_blocks=8, preemption_mode=mode, enable_prefix_caching=False)
+    groups = [engine.add_beam_search(p, params) for p in BEAM_PROMPTS]
+    for _ in range(3000):
+        engine.step()
+        check_refs(engine)
+        if any(row.preempted for row in engine.view.trace):
+            break
+    assert not any(g.is_finished for g in groups)
+    for g in groups:
+        out = engine.abort(g.request_id)
+        assert out is not None and out.finished
+    assert engine.block_manager.num_free_blocks == 8
+    assert engine.scheduler.swap.num_free_blocks == engine.scheduler.swap.num_blocks
+    assert_pool_clean(engine)
+
+
+def test_beam_blocks_match_a_hand_count_at_every_step(make_tiny_engine, assert_pool_clean):
+    """The pool against a count kept by hand beside the search, from the beams alone: every beam
+    live in a step writes its uncomputed tokens (a block another beam holds is copied first, once),
+    then a beam continued again forks a child holding its blocks, and a pruned beam lets go."""
+    bs = 4
+    engine = make_tiny_engine(block_size=bs, num_kv_blocks=64, enable_prefix_caching=False)
+    group = engine.add_beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True))
+    names = iter(range(10 ** 6))                        # a hand-kept block is a name, not a pool id
+    beams = {group.root.request_id: (list(PROMPT), [], 0)}   # id -> (tokens, blocks, computed)
+    copies = 0
+    while not group.is_finished:
+        engine.step()
+        check_refs(engine)
+        holders = Counter(b for _, blocks, _ in beams.values() for b in blocks)
+        written = {}
+        for rid, (tokens, blocks, computed) in beams.items():
+            blocks = list(blocks)
+            for i in sorted({p // bs for p in range(computed, len(tokens))}):
+                if i < len(blocks) and holders[blocks[i]] > 1:   # copy-on-write
+                    holders[blocks[i]] -= 1
+                    blocks[i] = next(names)
+                    holders[blocks[i]] = 1
+                    copies += 1
+                elif i == len(blocks):
+                    blocks.append(next(names))
+                    holders[blocks[i]] = 1
+            written[rid] = (tokens, blocks)
+        beams = {}
+        for seq in [] if group.is_finished else group.live:
+            if seq.request_id in written:                 # it goes on: its own blocks
+                blocks = written[seq.request_id][1]
+            else:                                          # forked from the beam it continues
+                (blocks,) = [b for t, b in written.values() if t == seq.token_ids[:-1]]
+            beams[seq.request_id] = (list(seq.token_ids), list(blocks), len(seq.token_ids) - 1)
+        want = Counter(b for _, blocks, _ in beams.values() for b in blocks)
+        assert sorted(c for c in engine.block_manager.ref_counts() if c) == sorted(want.values())
+        assert engine.block_manager.num_copies == copies
+    assert copies >= 2
+    assert_pool_clean(engine)

@@ -1,13 +1,15 @@
 """Widget `chat` (section 1): a real chat with the model, streamed token by token.
 
-Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, seed, stop, n} ->
-`accepted`, then `token` per token and `done` (finish reason, cached tokens, timings and the
-request's timeline of engine steps); with n > 1 samples, each token says which `sample` it
-belongs to and `done` lists every sample's ending; `template` {messages} -> the chat template's tokens, each
+Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, seed, stop, n,
+beam_width, length_penalty} -> `accepted`, then `token` per token and `done` (finish reason,
+cached tokens, timings and the request's timeline of engine steps); with n > 1 samples, each
+token says which `sample` it belongs to and `done` lists every sample's ending; with beam_width,
+a beam search (core/engine/beam_search.py): no tokens, and `done` lists the beams best first; `template` {messages} -> the chat template's tokens, each
 labelled with where it came from (a long chat as a job, in slices: see `template`). The prompt comes from the seam's `chat_prompt`, as the stepper's
 of section 7 (`generation`) does.
 """
 
+from core.engine.beam_search import BeamSearchParams
 from core.engine.outputs import RequestOutput
 from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter, is_int
@@ -38,6 +40,46 @@ def samples(msg: dict, config) -> int:
     if is_int(n) and n > config.max_samples:
         raise InvalidParameter("n", f"must be at most {config.max_samples} on this server (max_samples)")
     return n
+
+
+SAMPLING_ONLY = ("n", "temperature", "top_k", "top_p", "seed", "stop")  # a beam search takes none of these
+
+
+def beam_params(msg: dict, config) -> BeamSearchParams | None:
+    """The beam search a generate message asks for (`beam_width`, `length_penalty`), or None."""
+    if "beam_width" not in msg:
+        if "length_penalty" in msg:
+            raise InvalidParameter("length_penalty", "applies to a beam search only: give beam_width too")
+        return None
+    width = msg["beam_width"]
+    if is_int(width) and width > config.max_beam_width:
+        raise InvalidParameter("beam_width", f"must be at most {config.max_beam_width} on this server "
+                                             "(max_beam_width)")
+    for name in SAMPLING_ONLY:
+        if name in msg:
+            raise InvalidParameter(name, "cannot be combined with beam_width: a beam search keeps the "
+                                         "beam_width most likely continuations, it does not sample")
+    max_tokens = msg.get("max_tokens", config.default_max_tokens)
+    if is_int(max_tokens) and max_tokens > config.max_tokens_limit:
+        raise InvalidParameter("max_tokens", f"must be at most {config.max_tokens_limit} on this server")
+    return BeamSearchParams(beam_width=width, max_tokens=max_tokens,
+                            length_penalty=msg.get("length_penalty", 1.0))
+
+
+def beam_messages(tokenizer):
+    """The messages of a beam search: nothing until it ends, then done with its beams, best first."""
+    samples = stream_messages(tokenizer)
+
+    def format_output(mid, out: RequestOutput) -> list[dict]:
+        messages = samples(mid, out)
+        for m in messages:
+            if m["type"] == "done":
+                del m["samples"]
+                m["beams"] = [{"beam": c.index, "text": c.text, "token_ids": c.token_ids,
+                               "cum_logprob": c.cum_logprob, "finish_reason": c.finish_reason}
+                              for c in out.samples]
+        return messages
+    return format_output
 
 
 def token_message(mid, out: RequestOutput) -> dict:
@@ -105,6 +147,12 @@ def stream_messages(tokenizer):
 
 def generate(call) -> None:
     prompt = chat_prompt(call)
+    beams = beam_params(call.msg, call.config)
+    if beams is not None:
+        call.submit(prompt, beams, beam_messages(call.tokenizer), accepted=lambda seq: {
+            "prompt_tokens": seq.num_prompt_tokens, "max_tokens": beams.max_tokens, "beam_width": beams.beam_width,
+            "context_window": call.info["context_window"]})
+        return
     params = sampling_params(call.msg, call.config)
     call.submit(prompt, params, stream_messages(call.tokenizer), accepted=lambda seq: {
         "prompt_tokens": seq.num_prompt_tokens, "max_tokens": params.max_tokens, "n": params.n,
@@ -144,7 +192,8 @@ def template_reply(tokenizer, rendered, context_window: int, per_slice: int):
 
 
 WIDGET = Widget("chat", messages=(
-    message("generate", {"messages", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "n"},
+    message("generate", {"messages", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "n",
+                         "beam_width", "length_penalty"},
             generate, request=True),
     message("template", {"messages"}, template),
 ))

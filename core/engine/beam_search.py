@@ -189,7 +189,7 @@ class BeamGroup:
     def output(self, new: dict) -> RequestOutput:
         """The search's one output (finished when aborted or done): its beams, best first."""
         beams = self.result.sequences if self.result else []
-        samples = [CompletionOutput(i, b.text, b.token_ids, b.finish_reason, None) for i, b in enumerate(beams)]
+        samples = [CompletionOutput(i, b.text, b.token_ids, b.finish_reason, None, cum_logprob=b.cum_logprob) for i, b in enumerate(beams)]
         root = self.root
         head = samples[0] if samples else CompletionOutput(0, "", [], "abort", None)
         return RequestOutput(

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
+from core.engine.beam_search import BeamSearchParams
 from core.engine.llm_engine import LLMEngine
 from core.engine.outputs import RequestOutput
 from core.engine.sequence import Sequence
@@ -135,7 +136,10 @@ class EngineLoop:
         if self._stats["waiting"] + self._num_pending >= self.max_queue:
             raise EngineOverloaded(f"{self.max_queue} requests are already waiting (max_queue); "
                                    "try again in a few seconds")
-        seq = self.engine.make_sequence(prompt, params)
+        if isinstance(params, BeamSearchParams):     # a beam search: its root sequence queues alike
+            seq = self.engine.make_beam_search(prompt, params)
+        else:
+            seq = self.engine.make_sequence(prompt, params)
         if self.max_queued_tokens is not None:
             queued = self._stats["waiting_tokens"] + self._pending_tokens
             if queued + seq.num_prompt_tokens > self.max_queued_tokens:

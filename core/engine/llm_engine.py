@@ -166,6 +166,13 @@ class LLMEngine:
 
     def add_beam_search(self, prompt, params: BeamSearchParams, request_id: str | None = None) -> BeamGroup:
         """Queue a beam search over prompt (beam_search.py); its result is on the group when done."""
+        root = self.make_beam_search(prompt, params, request_id)
+        self.add_sequence(root)
+        return root.group
+
+    def make_beam_search(self, prompt, params: BeamSearchParams, request_id: str | None = None) -> Sequence:
+        """Validate a beam search and make its group (nothing is queued) -> its root sequence,
+        which add_sequence queues as any request's (the web app's way in, engine_loop.py)."""
         if not isinstance(params, BeamSearchParams):
             raise InvalidParameter("params", f"must be a BeamSearchParams, got {type(params).__name__}")
         if params.beam_width > self.config.max_num_seqs:
@@ -174,8 +181,7 @@ class LLMEngine:
         seq = self.make_sequence(prompt, SamplingParams(temperature=0.0, max_tokens=1), request_id)  # validates
         group = BeamGroup(self, seq.request_id, seq.token_ids, params)
         group.root.prompt = seq.prompt
-        self.add_sequence(group.root)
-        return group
+        return group.root
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now; its blocks go back to the pool. None if it is not running or queued."""

@@ -148,6 +148,7 @@ class CompletionOutput:
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
     metrics: "RequestMetrics | None" = None   # this sample's own timings (n > 1)
+    cum_logprob: float | None = None          # a beam's cumulative log-probability (beam search)
 
 
 @dataclass

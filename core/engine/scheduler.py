@@ -66,6 +66,25 @@ class Scheduler:
 
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """The next step's batch. A step with nothing to run while beams sit idle on their blocks
+        (each has its logits in and waits for its group's other beams, which wait for those
+        blocks) would repeat for ever: the newest idle beam gives its blocks back, by recompute,
+        and goes to the back of the queue, until the stuck sequence fits. Its logits stay with its
+        group (beam_search.py), so only its KV is computed again."""
+        out = self._schedule()
+        while not out.scheduled and (self.waiting or self.swapped):
+            idle = [s for s in self.running if s.num_uncomputed_tokens == 0]
+            if not idle:
+                break
+            victim = idle[-1]
+            self.preempt(victim, idle=True)
+            again = self._schedule()
+            again.preempted[:0] = [*out.preempted, victim]
+            again.swapped_out[:0] = out.swapped_out
+            out = again
+        return out
+
+    def _schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
@@ -166,15 +185,17 @@ class Scheduler:
         return tokens, min(budget, max(tokens, round(tokens * per_token)))
 
     # -- state changes -----------------------------------------------------------------------
-    def preempt(self, seq: Sequence) -> bool:
+    def preempt(self, seq: Sequence, idle: bool = False) -> bool:
         """Take seq's blocks back: swap them out if the mode says so and the host pool has room
-        (-> True), else drop them and queue seq again at the front, to recompute (-> False)."""
+        (-> True), else drop them and queue seq again at the front, to recompute (-> False).
+        An idle beam (see schedule) is always recomputed and queued at the back: swapped, it
+        would be the first to come back in, onto the blocks it just gave up."""
         self.running.remove(seq)
         seq.num_preemptions += 1
         if not self.static:  # a static batch keeps its member's slot while it waits
             self._release_slots(seq)
         blocks = len(seq.block_table)
-        if blocks and seq.num_computed_tokens and self.swap.can_hold(blocks):
+        if blocks and seq.num_computed_tokens and not idle and self.swap.can_hold(blocks):
             seq.host_table = self.swap.take(blocks)
             bm = self.block_manager
             bm.ops.extend((BlockOp.SWAP_OUT, g, h) for g, h in zip(seq.block_table, seq.host_table))
@@ -184,7 +205,10 @@ class Scheduler:
             return True
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        if idle:
+            self.waiting.append(seq)
+        else:
+            self.waiting.appendleft(seq)
         return False
 
     def swap_in(self, seq: Sequence) -> None:

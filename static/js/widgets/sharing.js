@@ -49,10 +49,11 @@ function build(opts) {
     el("div", { class: "stats" }, [v.recompute.node, v.swapMs.node, v.link.node, v.same.node]), v.runs]);
   v.stepsFig = figure("Block tables, step by step", ["live"], [
     el("div", { class: "sh-stepper" }, [v.slider, v.stepLabel]), v.steps, v.detail]);
+  v.nField = el("label", { class: "field" }, ["n ", v.n]);
+  v.widthField = el("label", { class: "field" }, ["beam width ", v.width]);
   v.nodes = [
     el("div", { class: "controls" }, [
-      el("label", { class: "field" }, ["scenario ", v.scenario]), el("label", { class: "field" }, ["n ", v.n]),
-      el("label", { class: "field" }, ["beam width ", v.width]), v.button]),
+      el("label", { class: "field" }, ["scenario ", v.scenario]), v.nField, v.widthField, v.button]),
     v.progress, v.samplesFig, v.preemptFig, v.stepsFig, v.note,
   ];
   return v;
@@ -141,9 +142,17 @@ function measure(ctx, job, v, run) {
   });
 }
 
+// Only the field the chosen scenario reads: n for samples, beam width for beams.
+function showFields(v) {
+  v.nField.hidden = v.scenario.value !== "samples";
+  v.widthField.hidden = v.scenario.value !== "beams";
+}
+
 export function mount(root, ctx) {
   const v = build(ctx.readOptions(OPTIONS).values);
   root.append(...v.nodes);
+  showFields(v);
+  v.scenario.addEventListener("change", () => showFields(v));
   v.slider.addEventListener("input", () => renderStep(v, Number(v.slider.value)));
   const job = jobRunner(root, { client: ctx.client, progress: v.progress, button: v.button });
   return measuring(root, ctx, { job, button: v.button, changed: [v.scenario, v.n, v.width],
