@@ -36,7 +36,7 @@ function build(opts) {
     windows: el("input", { type: "text", class: "text-input", name: "windows", value: opts.windows, "aria-label": "Window sizes" }),
     sinks: numberInput("sinks", "Attention sinks", opts.sinks, OPTIONS.sinks),
     again: el("button", { type: "button", class: "primary", text: "Measure again" }), progress: progressLine(),
-    table: el("table", { class: "kve-table" }), ...view(VIEW),
+    table: el("table", { class: "kve-table figure-table" }), ...view(VIEW),
   };
   describeChart(v.chart, "Perplexity against the window size", v.chartNote);
   v.nodes = [
