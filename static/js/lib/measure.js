@@ -9,6 +9,7 @@
 //   return life.unmount;
 
 import { debounce, el, setState } from "./dom.js";
+import { jobRunner } from "./job.js";
 import { teardown } from "./lifecycle.js";
 
 // view(table) lives with the stat tiles it builds; the measuring widgets take it from here.
@@ -31,6 +32,15 @@ export function measuring(root, ctx, { job, button = null, measure, changed = []
   // cleanups is read at unmount: a widget may push to it after this call (phases.js does)
   const unmount = teardown(root, [later.cancel, job.stop, offStatus, () => cleanups.forEach((fn) => fn())], charts);
   return { later, measure: go, unmount, fail: (err) => setState(root, "error", err.message) };
+}
+
+// A measuring widget's view, built from its URL options (`options`, read through ctx) and put in
+// root, and its job runner reporting progress in the view's progress line; jobOptions: more of
+// jobRunner's options (a button). Returns { v, job }.
+export function measuringView(root, ctx, options, build, jobOptions = {}) {
+  const v = build(ctx.readOptions(options).values);
+  root.append(...v.nodes);
+  return { v, job: jobRunner(root, { client: ctx.client, progress: v.progress, ...jobOptions }) };
 }
 
 // A number input named for the URL option it sets, within the option's spec; attrs: a class, a step.

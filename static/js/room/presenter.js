@@ -7,12 +7,11 @@
 //   const stop = mountPresenter(root, source);   // source: liveSource(...) or a player
 
 import { getClient } from "../client.js";
-import { el, setState } from "../lib/dom.js";
+import { el } from "../lib/dom.js";
 import { controls } from "./controls.js";
 import { liveSource } from "./live.js";
-import { applyUpdate, emptyModel } from "./model.js";
 import { player } from "./replay.js";
-import { buildRoomView, frameDrawer, renderRoomView } from "./view.js";
+import { buildRoomView, playRoom, renderRoomView } from "./view.js";
 
 // The page's layout: the main area beside the template's side column (code, QR code, join link):
 // figures and running count, the controls, then the strip beside the live batch, KV and queue.
@@ -29,21 +28,12 @@ export function mountPresenter(root, source) {
   const v = buildRoomView(undefined, source.kind === "recording");
   const teacher = source.control ? controls((action, fields) => source.control(action, fields)) : null;
   layout(root, v, [teacher?.node, source.node].filter(Boolean));
-  let model = emptyModel(root.dataset.room);
-  const drawer = frameDrawer((m) => {
+  return playRoom(root, source, (m) => {
     renderRoomView(v, m);
     teacher?.showSettings(m.settings);
-    root.dataset.seq = String(m.seq);
     root.dataset.scheduling = m.settings?.scheduling ?? "";
     root.dataset.paused = m.settings?.paused ? "true" : "false";
-    if (root.dataset.state !== "ready") setState(root, "ready");
   });
-  const stop = source.start({
-    reset: () => { model = emptyModel(root.dataset.room); },
-    update: (msg) => { model = applyUpdate(model, msg); drawer.schedule(model); },
-    error: (err) => setState(root, "error", err.message ?? String(err)),
-  });
-  return () => { drawer.cancel(); stop(); };
 }
 
 // The page's own root, if this is a presenter page: the live room, or its recording.

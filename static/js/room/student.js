@@ -5,11 +5,11 @@
 // shared its steps. The root is [data-view="student"][data-room][data-student].
 
 import { getClient } from "../client.js";
-import { el, setState } from "../lib/dom.js";
+import { el } from "../lib/dom.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
 import { liveSource } from "./live.js";
-import { applyUpdate, emptyModel, stateText, studentsInStep } from "./model.js";
-import { buildRoomView, frameDrawer, renderRoomView } from "./view.js";
+import { stateText, studentsInStep } from "./model.js";
+import { buildRoomView, playRoom, renderRoomView } from "./view.js";
 
 // "Your request: decoding, waited 120 ms for a slot; its last step was shared with 4 others."
 export function yourRequestText(model, name) {
@@ -29,20 +29,11 @@ export function mountStudent(root, source) {
   const line = el("p", { class: "room-yours", "aria-live": "polite" });
   const slot = root.querySelector("[data-slot='batch']") ?? root;
   slot.append(line, v.count, v.panels.strip, v.panels.table);
-  let model = emptyModel(root.dataset.room);
-  const drawer = frameDrawer((m) => {
+  return playRoom(root, source, (m) => {
     // the table shows this student's requests only; the strip shows everyone's, theirs marked
     renderRoomView(v, { ...m, requests: m.requests.filter((r) => r.student === name) }, name);
     line.textContent = yourRequestText(m, name);
-    root.dataset.seq = String(m.seq);
-    if (root.dataset.state !== "ready") setState(root, "ready");
   });
-  const stop = source.start({
-    reset: () => { model = emptyModel(root.dataset.room); },
-    update: (msg) => { model = applyUpdate(model, msg); drawer.schedule(model); },
-    error: (err) => setState(root, "error", err.message ?? String(err)),
-  });
-  return () => { drawer.cancel(); stop(); };
 }
 
 function boot() {

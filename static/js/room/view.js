@@ -4,9 +4,9 @@
 // and panels.js. The strip grows by the new rows of each update; the rest is redrawn, at most
 // once every DRAW_MS however fast updates come (the server sends at most 10 a second).
 
-import { el, scrollBox } from "../lib/dom.js";
+import { el, scrollBox, setState } from "../lib/dom.js";
 import { figure } from "../lib/figures.js";
-import { MAX_STEPS, studentOrder } from "./model.js";
+import { applyUpdate, emptyModel, MAX_STEPS, studentOrder } from "./model.js";
 import { figureTiles, kvPanel, renderFigures, requestTable, runningCount, settingsText, visibleRequests, waitingPanel } from "./panels.js";
 import { colourMap, stepRow, stripLegend, stripRows, stripWidth } from "./strip.js";
 
@@ -86,4 +86,22 @@ export function frameDrawer(draw) {
     },
     cancel() { clearTimeout(timer); timer = 0; },
   };
+}
+
+// Play `source` (live.js or replay.js) into root: each room_update goes through the model
+// (model.js applyUpdate), and `draw(model)` runs at most once a frame; the first draw marks the
+// root ready, a source's error marks it error. Returns the function that stops it all.
+export function playRoom(root, source, draw) {
+  let model = emptyModel(root.dataset.room);
+  const drawer = frameDrawer((m) => {
+    draw(m);
+    root.dataset.seq = String(m.seq);
+    if (root.dataset.state !== "ready") setState(root, "ready");
+  });
+  const stop = source.start({
+    reset: () => { model = emptyModel(root.dataset.room); },
+    update: (msg) => { model = applyUpdate(model, msg); drawer.schedule(model); },
+    error: (err) => setState(root, "error", err.message ?? String(err)),
+  });
+  return () => { drawer.cancel(); stop(); };
 }

@@ -7,8 +7,8 @@ import { describeChart, el, field } from "../lib/dom.js";
 import { plot } from "../lib/chart.js";
 import { figure } from "../lib/figures.js";
 import { fmtBytes, fmtNum } from "../lib/format.js";
-import { jobRunner, percent } from "../lib/job.js";
-import { measuredAt, measuring, numberInput, progressLine, threadsOn, view } from "../lib/measure.js";
+import { percent } from "../lib/job.js";
+import { measuredAt, measuring, measuringView, numberInput, progressLine, threadsOn, view } from "../lib/measure.js";
 
 const WINDOWS = [32, 64, 128, 256, 512];
 
@@ -36,7 +36,7 @@ function build(opts) {
     windows: el("input", { type: "text", class: "text-input", name: "windows", value: opts.windows, "aria-label": "Window sizes" }),
     sinks: numberInput("sinks", "Attention sinks", opts.sinks, OPTIONS.sinks),
     again: el("button", { type: "button", class: "primary", text: "Measure again" }), progress: progressLine(),
-    table: el("table", { class: "kve-table" }), ...view(VIEW),
+    table: el("table", { class: "kve-table figure-table" }), ...view(VIEW),
   };
   describeChart(v.chart, "Perplexity against the window size", v.chartNote);
   v.nodes = [
@@ -103,9 +103,7 @@ async function render(v, r) {
 }
 
 export function mount(root, ctx) {
-  const v = build(ctx.readOptions(OPTIONS).values);
-  root.append(...v.nodes);
-  const job = jobRunner(root, { client: ctx.client, progress: v.progress });
+  const { v, job } = measuringView(root, ctx, OPTIONS, build);
   const life = measuring(root, ctx, {
     job, changed: [v.windows, v.sinks], charts: [v.chart],
     measure() {

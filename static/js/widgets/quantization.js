@@ -43,7 +43,7 @@ function build(opts) {
   const v = {
     input: el("input", { type: "text", class: "text-input", name: "text", value: opts.text, "aria-label": "Text" }),
     again: el("button", { type: "button", class: "primary", text: "Measure again" }), progress: progressLine(),
-    table: el("table", { class: "quant-table" }), ...view(VIEW),
+    table: el("table", { class: "quant-table figure-table" }), ...view(VIEW),
   };
   scrollBox(v.chooser, "The text's tokens: pick a position");
   v.nodes = [

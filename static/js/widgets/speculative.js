@@ -3,7 +3,7 @@
 // and the model's own token after them (blue). Then the acceptance rate at each draft position,
 // and the measured speed-up over plain decoding of the same request for both drafts, k = 1…8.
 
-import { el, field, select } from "../lib/dom.js";
+import { el, field, scrollBox, select } from "../lib/dom.js";
 import { figure } from "../lib/figures.js";
 import { fmtMs, fmtNum, fmtPct, visibleWhitespace } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
@@ -48,6 +48,9 @@ function build(opts) {
     ...view(VIEW),
   };
   v.text.value = opts.text;
+  scrollBox(v.passes, "Verify passes");
+  v.sweep.setAttribute("role", "table");
+  v.sweep.setAttribute("aria-label", "Speed-up at each k, both drafts");
   v.draft.title = DRAFT_TITLES[opts.draft];
   v.nodes = [
     field("prompt", v.text),
