@@ -101,17 +101,9 @@ class SpeculationStats:
             self.accepted_per_position[i] += i < accepted
         self.passes.append(VerifyPass(list(proposed), accepted, token))
 
-    @property
-    def verify_passes(self) -> int:
-        return len(self.passes)
-
-    @property
-    def proposed(self) -> int:
-        return sum(self.proposed_per_position)
-
-    @property
-    def accepted(self) -> int:
-        return sum(self.accepted_per_position)
+    verify_passes = property(lambda self: len(self.passes))
+    proposed = property(lambda self: sum(self.proposed_per_position))   # draft tokens proposed in all
+    accepted = property(lambda self: sum(self.accepted_per_position))   # ... and kept
 
     @property
     def acceptance_rate(self) -> float | None:
