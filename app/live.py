@@ -270,9 +270,11 @@ class Connection:
                 return
             self.outbox_bytes += len(text)
             over = self.outbox_bytes > self.config.max_outbox_bytes
+            self.dropped = over                # the first send over the limit cuts; later ones return above
         if over:
             log.warning("a client stopped reading (%d bytes queued, max_outbox_bytes); cutting it off",
                         self.outbox_bytes)
+            self.runtime.count_cut_off("max_outbox_bytes")
             self.cut()
             return
         self.outbox.put(text)
@@ -412,6 +414,7 @@ class Connection:
                 item = self.outbox.get(timeout=interval)
             except queue.Empty:
                 if not self._ping():
+                    self.runtime.count_cut_off("ping_interval_s")
                     self.cut()
                     return
                 continue

@@ -39,6 +39,9 @@ class Runtime:
         self._count_lock = threading.Lock()
         self._by_seat: Counter[str] = Counter()
         self.num_connections = 0
+        # connections cut off, by the setting that cut them (max_outbox_bytes: it stopped reading;
+        # ping_interval_s: it missed a ping); read by tests and operators to tell the two apart
+        self.cut_offs: Counter[str] = Counter()
         self.proxies = parse_networks(config.trusted_proxies)
         # request -> the Seat its connection counts against; a deployment may install its own
         # (a classroom room's members against the room), see app/clients.py
@@ -83,6 +86,10 @@ class Runtime:
             self._by_seat[seat.key] -= 1
             if self._by_seat[seat.key] <= 0:
                 del self._by_seat[seat.key]
+
+    def count_cut_off(self, setting: str) -> None:
+        with self._count_lock:
+            self.cut_offs[setting] += 1
 
     def begin_shutdown(self) -> None:
         """Refuse new connections; the open ones abort their requests, say goodbye and end."""

@@ -65,10 +65,15 @@ def fresh(server):
     assert h["running"] == 0 and h["waiting"] == 0
 
 
-def raw_socket(port: int) -> socket.socket:
+def raw_socket(port: int, receive_buffer: int | None = None) -> socket.socket:
     """A websocket opened by hand: handshake done, nothing read after it (a peer that never reads
-    nor answers pings)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    nor answers pings). `receive_buffer`: SO_RCVBUF in bytes, set before connecting, so that the
+    window it offers (and with it what the server's kernel buffers for it) stays that small."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(10)
+    if receive_buffer is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    s.connect(("127.0.0.1", port))
     key = base64.b64encode(os.urandom(16)).decode()
     s.sendall((f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
@@ -144,18 +149,28 @@ def test_message_rate_per_connection(server, fresh):
 
 
 def test_a_client_that_stops_reading_is_cut_off(server, fresh):
-    """Regression: replies to a client that never reads were buffered without end (1.2 GB)."""
-    s = raw_socket(server.port)
-    big = [{"role": "user", "content": "word " * 180}]
+    """Regression: replies to a client that never reads were buffered without end (1.2 GB). It must
+    be cut by max_outbox_bytes, not by the ping it also never answers (the server's counter says
+    which). So the replies must pile up faster than the ping could act: its small receive window
+    keeps its own kernel's buffer to a few KB; one attention map (~170 KB, computed once, then from
+    the job cache, and a job costs no work budget while nobody chats) at up to 5 a second fills the
+    server's send buffer (4 MiB at most: tcp_wmem) in seconds; then the writer blocks on the full
+    socket, sends no ping, and the outbox passes its 256 KB."""
+    cuts = dict(server.runtime.cut_offs)
+    s = raw_socket(server.port, receive_buffer=4096)
+    text = "word " * 180
     try:
-        for i in range(400):                               # ~400 template replies of ~20 KB each
-            s.sendall(frame(json.dumps({"type": "template", "id": i, "messages": big})))
+        for i in range(400):
+            s.sendall(frame(json.dumps({"type": "attention", "id": i, "text": text, "layer": 0, "head": 0})))
             if i % 4 == 3:
                 time.sleep(0.21)                           # under the message rate
     except OSError:
         pass                                               # cut off while sending: what we want
     wait_for(lambda: healthz(server)["connections"] == 0, timeout=30, what="the non-reader to be cut off")
     s.close()
+    after = server.runtime.cut_offs
+    assert (after["max_outbox_bytes"] - cuts.get("max_outbox_bytes", 0),
+            after["ping_interval_s"] - cuts.get("ping_interval_s", 0)) == (1, 0), after
 
 
 def test_a_peer_that_misses_pings_is_cut_off_and_its_requests_aborted(server, fresh, monkeypatch):
@@ -182,6 +197,7 @@ def test_a_peer_that_misses_pings_is_cut_off_and_its_requests_aborted(server, fr
         return output
     monkeypatch.setattr(engine, "step", held_step)
     monkeypatch.setattr(engine, "abort", recorded_abort)
+    pings = server.runtime.cut_offs["ping_interval_s"]
     s = raw_socket(server.port)
     try:
         s.sendall(frame(json.dumps({"type": "generate", "id": "g", "prompt": "Once upon a time", "max_tokens": 64})))
@@ -192,6 +208,7 @@ def test_a_peer_that_misses_pings_is_cut_off_and_its_requests_aborted(server, fr
     finally:
         gate.set()
         s.close()
+    assert server.runtime.cut_offs["ping_interval_s"] == pings + 1       # cut by the ping it missed
     wait_for(lambda: ended, timeout=15, what="the request to be aborted")
     assert [reason for _, reason in ended] == ["abort"]
     h = wait_for(lambda: (h := healthz(server))["running"] == 0 and h["waiting"] == 0 and h, what="the request to end")
