@@ -135,19 +135,19 @@ def test_forty_students_of_one_room_from_one_address_join_and_chat(tiny_loaded):
         room = request.args.get("room")
         return Seat(f"room:{room}", ROOM_SIZE, "the room's seats") if room else runtime.address_seat(request)
     runtime.seat_for = seat_for
-    students, tabs = [], []
+    students, tabs = [], []     # every client is closed in finally: an open one's thread would keep pytest alive
     try:
         students = [WS(server.ws + "?room=r1") for _ in range(ROOM_SIZE)]
-        assert [s.hello["type"] for s in students] == ["hello"] * ROOM_SIZE
+        assert [s.hello["type"] for s in students] == ["hello"] * ROOM_SIZE, [s.hello for s in students]
         ids = [s.start(prompt=f"Student {i} says", max_tokens=2) for i, s in enumerate(students)]
         done = [s.finish(mid).done for s, mid in zip(students, ids)]
-        assert all(d is not None and d["finish_reason"] in ("length", "stop") for d in done)
+        assert all(d is not None and d["finish_reason"] in ("length", "stop") for d in done), done
         tabs = [WS(server.ws) for _ in range(per_address)]
-        assert [t.hello["type"] for t in tabs] == ["hello"] * per_address
-        extra = WS(server.ws)
-        assert extra.hello["type"] == "error" and extra.hello["code"] == "overloaded"
-        assert "max_connections_per_address" in extra.hello["message"]
-        extra.close()
+        assert [t.hello["type"] for t in tabs] == ["hello"] * per_address, [t.hello for t in tabs]
+        tabs.append(WS(server.ws))
+        extra = tabs[-1].hello
+        assert extra["type"] == "error" and extra["code"] == "overloaded", extra
+        assert "max_connections_per_address" in extra["message"]
     finally:
         for ws in students + tabs:
             ws.close()
