@@ -49,6 +49,10 @@ def test_records_and_steps_agree_with_the_engines_trace(base, scheduling):
         run(room, base, students, prompts)
         steps = list(room.steps)
         assert [s["step"] for s in steps] == list(range(room.num_steps))
+        # every slot names a record the room holds: a finished request's last and idle slots too
+        named = [c for s in steps for c in s["slots"] if c]
+        assert all(c["request"] in room.records and c["student"] == room.records[c["request"]].student
+                   for c in named)
         for record, (student, max_tokens) in zip(room.records.values(), students):
             assert record.student == student and record.generated_tokens == max_tokens
             mine = [c for s in steps for c in s["slots"] if c and c["request"] == record.id]
