@@ -165,7 +165,7 @@ class Room:
                 self.draining.append(self.engine)       # it finishes what it holds; new requests get a new one
                 self.engine = None
             self.settings = settings
-            self.settings_log.append({"at": time.time(), "settings": settings.as_dict()})
+            self.settings_log.append({"at": time.time(), "step": self.num_steps, "settings": settings.as_dict()})
             self.dirty = True
             self._changed()
 

@@ -153,3 +153,18 @@ def test_an_idle_engine_is_stopped_and_the_next_request_starts_another(base):
         assert [s["step"] for s in room.steps] == list(range(room.num_steps))
     finally:
         room.close()
+
+
+def test_each_settings_change_is_logged_with_the_step_it_applied_at(base):
+    room = make_room(max_num_seqs=2)
+    students, prompts = workload(base)
+    try:
+        run(room, base, students[:2], prompts[:2])
+        before = room.num_steps
+        room.apply(updated(room.settings, {"scheduling": "static"}, 64))
+        run(room, base, students[2:], prompts[2:])
+        changes = [e for e in room.settings_log if e["settings"]["scheduling"] == "static"]
+        assert before > 0 and changes[0]["step"] == before
+        assert all(s["engine"] > 0 for s in list(room.steps)[before:])   # the new engine drew from there
+    finally:
+        room.close()
