@@ -65,7 +65,7 @@ class ServerConfig:
     room_max_students: int = 60           # students who may join one room
     room_max_rooms: int = 8               # rooms open at once
     room_max_requests_per_student: int = 100  # generate requests one student may send in a room
-    room_join_rate_per_minute: int = 20   # join attempts per client address per minute (codes cannot be guessed)
+    room_join_rate_per_minute: int = 120  # join attempts per client address per minute (a class behind one NAT)
     room_idle_close_s: int = 4 * 3600     # a room with no request and no watcher this long is closed
     room_kv_blocks: int = 512             # KV blocks of one room's engine (block_size tokens each)
     rooms_db_path: str = ""               # the rooms' SQLite file; empty: <cache dir>/rooms.sqlite3

@@ -99,7 +99,9 @@ class Record:
 
 def step_row(trace: StepTrace, step: int, engine: int, records: dict) -> dict:
     """A StepTrace as the room shows it: its `step` the room's own count, slots naming requests
-    and students. records: engine request id -> Record (of this engine)."""
+    and students. records: engine request id -> Record, every request of this engine the room
+    still holds (finished ones too: static batching keeps a finished request's slot idle). A slot
+    whose record the room no longer holds (cleared) is left empty, never sent nameless."""
     row = trace.as_dict()
     row["engine_step"], row["step"], row["engine"] = row["step"], step, engine
     slots = []
@@ -108,7 +110,10 @@ def step_row(trace: StepTrace, step: int, engine: int, records: dict) -> dict:
             slots.append(None)
             continue
         record = records.get(work.request_id)
-        slots.append({"request": record.id if record else None, "student": record.student if record else None,
+        if record is None:
+            slots.append(None)
+            continue
+        slots.append({"request": record.id, "student": record.student,
                       "kind": work.kind.value, "num_tokens": work.num_tokens, "output_index": work.output_index,
                       "recompute": work.recompute})
     row["slots"] = slots

@@ -2,7 +2,8 @@
 
     {"schema": "sendlens.room/1",
      "room": {"code", "created_at", "state", "settings", "students": [names]},
-     "settings_log": [{"at", "settings"}],      # the room's settings from its start, each change
+     "settings_log": [{"at", "step", "settings"}],   # the room's settings from its start, each change
+                                                     # and the room's steps done when it applied
      "steps": [step rows, oldest first: StepTrace dicts, slots naming {"request", "student", ...}],
      "requests": [records: id, student, state, token counts, ttft_s, tpot_s, waited_s, text, ...]}
 

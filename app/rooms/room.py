@@ -96,7 +96,7 @@ class Room:
             engine = self._engine(base_engine)
             seq = engine.loop.prepare(prompt, params)
             record = Record(f"r{next(self.ids)}", student, seq.num_prompt_tokens, engine.generation, seq.request_id)
-            engine.records[seq.request_id] = record
+            engine.records[seq.request_id] = engine.known[seq.request_id] = record
             self.records[record.id] = record
             self.last_active = time.time()
             self._changed(record)
@@ -106,6 +106,7 @@ class Room:
         """A prepared request that was not enqueued after all (the connection refused it)."""
         with self.lock:
             engine.records.pop(record.engine_request_id, None)
+            engine.known.pop(record.engine_request_id, None)
             self.records.pop(record.id, None)
             self._changed()
 
@@ -135,9 +136,9 @@ class Room:
         """New trace rows of one of the room's engines (on its loop's thread)."""
         with self.lock:
             for trace in traces:
-                row = step_row(trace, self.num_steps, engine.generation, engine.records)
+                row = step_row(trace, self.num_steps, engine.generation, engine.known)
                 for work in trace.slots:
-                    record = work and engine.records.get(work.request_id)
+                    record = work and engine.known.get(work.request_id)
                     if record and record.saw_step(work.kind, work.num_tokens, engine.step_budget):
                         self._changed(record)
                 self.num_steps += 1
@@ -164,7 +165,7 @@ class Room:
                 self.draining.append(self.engine)       # it finishes what it holds; new requests get a new one
                 self.engine = None
             self.settings = settings
-            self.settings_log.append({"at": time.time(), "settings": settings.as_dict()})
+            self.settings_log.append({"at": time.time(), "step": self.num_steps, "settings": settings.as_dict()})
             self.dirty = True
             self._changed()
 
@@ -175,6 +176,7 @@ class Room:
                 if engine is not None:
                     engine.abort_all()
                     engine.records.clear()
+                    engine.known.clear()
             self.records.clear()
             self.steps.clear()
             self.unsaved_records.clear()

@@ -27,6 +27,8 @@ class RoomEngine:
         self.step_budget = engine.view.config.max_num_batched_tokens
         self.on_steps = on_steps
         self.records: dict = {}             # engine request id -> Record, while in flight
+        self.known: dict = {}               # engine request id -> Record, every one this engine ran
+                                            # (a finished request's slot may show in later steps)
         self.seen = 0                       # engine steps already handed to the room
         self.last_busy = time.monotonic()
         self.loop = EngineLoop(engine, max_queue=max_queue, side_work=self._observe)

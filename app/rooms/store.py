@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS requests (
     code TEXT NOT NULL, id TEXT NOT NULL, student TEXT NOT NULL, record TEXT NOT NULL,
     PRIMARY KEY (code, id));
 CREATE TABLE IF NOT EXISTS settings_log (
-    code TEXT NOT NULL, at REAL NOT NULL, settings TEXT NOT NULL);
+    code TEXT NOT NULL, at REAL NOT NULL, settings TEXT NOT NULL, step INTEGER);
 CREATE TABLE IF NOT EXISTS steps (
     code TEXT NOT NULL, step INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (code, step));
 """
@@ -44,6 +44,14 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a file written by an older version up to SCHEMA, keeping its rooms: settings_log
+        gained `step` (the room's steps done when a change applied; NULL in old rows)."""
+        columns = [row[1] for row in self._db.execute("PRAGMA table_info(settings_log)")]
+        if "step" not in columns:
+            self._db.execute("ALTER TABLE settings_log ADD COLUMN step INTEGER")
 
     def close(self) -> None:
         with self._lock:
@@ -68,19 +76,28 @@ class Store:
         now = time.time()
         self._write("INSERT INTO rooms VALUES (?, ?, ?, ?, ?, ?)",
                     [(code, presenter_key, now, json.dumps(settings), state, now)])
-        self.log_settings(code, [{"at": now, "settings": settings}])
+        self.log_settings(code, [{"at": now, "step": 0, "settings": settings}])
 
     def save_room(self, code: str, settings: dict, state: str, last_active: float) -> None:
         self._write("UPDATE rooms SET settings = ?, state = ?, last_active = ? WHERE code = ?",
                     [(json.dumps(settings), state, last_active, code)])
 
     def log_settings(self, code: str, entries: list[dict]) -> None:
-        self._write("INSERT INTO settings_log VALUES (?, ?, ?)",
-                    [(code, e["at"], json.dumps(e["settings"])) for e in entries])
+        """entries: {"at": wall clock, "step": the room's steps done when it applied, "settings"}."""
+        self._write("INSERT INTO settings_log (code, at, settings, step) VALUES (?, ?, ?, ?)",
+                    [(code, e["at"], json.dumps(e["settings"]), e.get("step")) for e in entries])
 
     def settings_log(self, code: str) -> list[dict]:
-        rows = self._read("SELECT at, settings FROM settings_log WHERE code = ? ORDER BY rowid", (code,))
-        return [{"at": at, "settings": json.loads(s)} for at, s in rows]
+        """The room's settings changes in order, each with its step (an entry written before the
+        step was kept has none, except the first: the room's start, step 0)."""
+        rows = self._read("SELECT at, settings, step FROM settings_log WHERE code = ? ORDER BY rowid", (code,))
+        log = []
+        for i, (at, settings, step) in enumerate(rows):
+            entry = {"at": at, "settings": json.loads(settings)}
+            if step is not None or i == 0:
+                entry["step"] = step or 0
+            log.append(entry)
+        return log
 
     def room(self, code: str) -> dict | None:
         rows = self._read("SELECT code, presenter_key, created_at, settings, state, last_active "

@@ -173,6 +173,9 @@ let shared = null;
 export function getClient() {
   if (!shared) {
     const url = new URL("/ws", window.location.href);
+    // a room's student page names its room, so that a browser that joined several rooms talks in this one
+    const room = document.querySelector("[data-ws-room]")?.dataset.wsRoom;
+    if (room) url.searchParams.set("room", room);
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
     shared = new Client(url.href);
   }

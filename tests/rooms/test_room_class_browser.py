@@ -118,9 +118,8 @@ def send_together(students: list[Page]) -> None:
 
 
 def requests_by_step(steps: list[dict]) -> list[list[str]]:
-    """Per step of the trace: the requests holding a slot in it (working or idle). A slot whose
-    request the room no longer names (rooms-notes: a finished request's last slots) is left out."""
-    return [[c["request"] for c in s["slots"] if c and c["request"] is not None] for s in steps]
+    """Per step of the trace: the requests holding a slot in it (working or idle)."""
+    return [[c["request"] for c in s["slots"] if c] for s in steps]
 
 
 def refills(steps: list[dict]) -> int:
@@ -131,7 +130,7 @@ def refills(steps: list[dict]) -> int:
     first, last = {}, {}
     for t, s in enumerate(steps):
         for c in s["slots"]:
-            if c and c["request"] is not None:
+            if c:
                 first.setdefault(c["request"], t)
                 if c["kind"] != "idle":
                     last[c["request"]] = t

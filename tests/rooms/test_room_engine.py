@@ -49,6 +49,10 @@ def test_records_and_steps_agree_with_the_engines_trace(base, scheduling):
         run(room, base, students, prompts)
         steps = list(room.steps)
         assert [s["step"] for s in steps] == list(range(room.num_steps))
+        # every slot names a record the room holds: a finished request's last and idle slots too
+        named = [c for s in steps for c in s["slots"] if c]
+        assert all(c["request"] in room.records and c["student"] == room.records[c["request"]].student
+                   for c in named)
         for record, (student, max_tokens) in zip(room.records.values(), students):
             assert record.student == student and record.generated_tokens == max_tokens
             mine = [c for s in steps for c in s["slots"] if c and c["request"] == record.id]
@@ -147,5 +151,20 @@ def test_an_idle_engine_is_stopped_and_the_next_request_starts_another(base):
         run(room, base, [("Grace", 2)], [ids])
         assert room.engine.generation == engine.generation + 1
         assert [s["step"] for s in room.steps] == list(range(room.num_steps))
+    finally:
+        room.close()
+
+
+def test_each_settings_change_is_logged_with_the_step_it_applied_at(base):
+    room = make_room(max_num_seqs=2)
+    students, prompts = workload(base)
+    try:
+        run(room, base, students[:2], prompts[:2])
+        before = room.num_steps
+        room.apply(updated(room.settings, {"scheduling": "static"}, 64))
+        run(room, base, students[2:], prompts[2:])
+        changes = [e for e in room.settings_log if e["settings"]["scheduling"] == "static"]
+        assert before > 0 and changes[0]["step"] == before
+        assert all(s["engine"] > 0 for s in list(room.steps)[before:])   # the new engine drew from there
     finally:
         room.close()

@@ -228,3 +228,33 @@ def test_an_idle_room_closes_and_then_answers_like_an_unknown_one(tiny_loaded, t
         assert status == 200 and json.loads(body)["room"]["state"] == "closed"
     finally:
         server.stop()
+
+
+def test_forty_students_behind_one_address_join_and_chat_and_a_stranger_is_still_limited(tiny_loaded, tmp_path):
+    """Issue 30: a class behind one NAT. With the default join rate and seat limits, 40 students
+    join one room over HTTP from 127.0.0.1, open their sockets with their cookies and all chat;
+    anonymous tabs from that address still get max_connections_per_address seats, no more."""
+    server = start(tiny_loaded, tmp_path / "rooms.sqlite3")
+    config = server.app.config["SENDLENS"]
+    clients = []
+    try:
+        code, _ = new_room(server)
+        cookies = [join(server, code, f"Student {i}") for i in range(40)]
+        clients = [RoomWS(f"{server.ws}?room={code}", c) for c in cookies]
+        assert all(ws.hello["type"] == "hello" for ws in clients)
+        mids = [ws.start(messages=PROMPT, max_tokens=8) for ws in clients]
+        streams = [ws.finish(mid) for ws, mid in zip(clients, mids)]
+        for s in streams:
+            assert s.error is None and s.done["finish_reason"] in ("stop", "length")
+            assert s.accepted["room"] == code
+        strangers = []
+        for _ in range(config.max_connections_per_address + 1):
+            strangers.append(RoomWS(server.ws, {}))
+            clients.append(strangers[-1])
+        kinds = [ws.hello["type"] for ws in strangers]
+        assert kinds == ["hello"] * config.max_connections_per_address + ["error"]
+        assert strangers[-1].hello["code"] == "overloaded"
+    finally:
+        for ws in clients:
+            ws.close()
+        server.stop()

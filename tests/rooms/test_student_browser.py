@@ -45,10 +45,11 @@ def test_your_request_in_the_batch(phone, live_server, artifacts_dir):
     cut = 6                                       # Barbara's request is in prefill, five others decode
     pg = Page(phone, page_server(live_server))
     serve_template(phone, live_server, f"/room/{CODE}", "room_student.html", code=CODE, joined=True, name="Barbara")
-    FakeRoomSocket(pg.page, room["updates"][:cut])
+    socket = FakeRoomSocket(pg.page, room["updates"][:cut])
     pg.goto(f"/room/{CODE}")
     page = pg.page
     page.wait_for_selector(f'{ROOT}[data-student="Barbara"][data-state="ready"][data-seq="{cut - 1}"]', timeout=60_000)
+    assert socket.urls and all(u.endswith(f"/ws?room={CODE}") for u in socket.urls)   # talks in this room
     assert page.locator('[data-widget="chat"]').count() == 1
     mine = page.locator(f"{ROOT} .rs-cell.rs-mine")
     assert mine.count() > 0 and {mine.nth(i).get_attribute("data-student") for i in range(mine.count())} == {"Barbara"}

@@ -5,6 +5,7 @@ without the server's rooms. The tests with the real rooms use the server's pages
 """
 
 import json
+import re
 import threading
 import urllib.request
 from types import SimpleNamespace
@@ -61,9 +62,11 @@ class FakeRoomSocket:
         self.watches: list[dict] = []
         self.others: list[dict] = []
         self.lock = threading.Lock()
-        page.route_web_socket("**/ws", self._connect)
+        self.urls: list[str] = []                # the URLs the page opened its socket at
+        page.route_web_socket(re.compile(r"/ws(\?.*)?$"), self._connect)
 
     def _connect(self, ws) -> None:
+        self.urls.append(ws.url)
         ws.on_message(lambda raw: self._message(ws, json.loads(raw)))
         ws.send(json.dumps(HELLO))
 
