@@ -173,9 +173,13 @@ def test_paging_polls_only_while_on_screen(pg):
     page.on("websocket", watch)
     page.clock.install()
     pg.goto("/#paging")
-    wait_ready(page, PAGING)
+    # The widget polls only while on screen, and widgets above it grow as they mount and can push it
+    # out of view before its first snapshot (section 11 also holds `sharing` now): keep it in view.
     into_view = "document.querySelector('[data-widget=\"paging\"]').scrollIntoView()"
-    page.evaluate(into_view)          # widgets above it grow as they mount and push it down
+    page.wait_for_selector(PAGING, state="attached")
+    page.evaluate(into_view)
+    wait_ready(page, PAGING)
+    page.evaluate(into_view)
     page.clock.pause_at(page.evaluate("Date.now()") + poll_ms)
 
     def settle() -> None:
