@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -617,3 +618,22 @@ def real_ws(server):
     client = WS(f"ws://127.0.0.1:{server.port}/ws")
     yield client
     client.close()
+
+
+def serve_app(settings: dict, loaded):
+    """A werkzeug server of the app on a free loopback port, for a module's fixture to yield from:
+    yields (app, runtime, port, http, ws), then shuts the server and the engine down."""
+    from types import SimpleNamespace
+
+    from werkzeug.serving import make_server
+
+    from app import create_app
+    app = create_app(settings, loaded=loaded)
+    srv = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_port
+    yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port,
+                          http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws")
+    srv.shutdown()
+    srv.server_close()
+    app.extensions["sendlens"].shutdown()

@@ -13,7 +13,7 @@ import pytest
 
 from app.budget import STOP_CHECKS_PER_TOKEN, WorkBudget, stop_cost, text_estimate
 from app.protocol import ProtocolError
-from conftest import WS, healthz, wait_for
+from conftest import WS, healthz, serve_app, wait_for
 
 
 class Clock:
@@ -117,19 +117,7 @@ SETTINGS = {"model": "tiny", "num_kv_blocks": 128, "testing": True, "max_tokens_
 
 @pytest.fixture(scope="module")
 def server(tiny_loaded):
-    from werkzeug.serving import make_server
-
-    from app import create_app
-    app = create_app(dict(SETTINGS), loaded=tiny_loaded)
-    srv = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    port = srv.server_port
-    yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port,
-                          http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws")
-    srv.shutdown()
-    srv.server_close()
-    app.extensions["sendlens"].shutdown()
+    yield from serve_app(dict(SETTINGS), tiny_loaded)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from simple_websocket import ConnectionClosed
 from simple_websocket import ConnectionError as HandshakeError
 
-from conftest import WS, healthz, wait_for
+from conftest import WS, healthz, serve_app, wait_for
 
 LIMITS = {
     "model": "tiny", "num_kv_blocks": 128, "testing": True,
@@ -30,21 +30,7 @@ LIMITS = {
 
 @pytest.fixture(scope="module")
 def server(tiny_loaded):
-    from types import SimpleNamespace
-
-    from werkzeug.serving import make_server
-
-    from app import create_app
-    app = create_app(dict(LIMITS), loaded=tiny_loaded)
-    srv = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    port = srv.server_port
-    yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port,
-                          http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws")
-    srv.shutdown()
-    srv.server_close()
-    app.extensions["sendlens"].shutdown()
+    yield from serve_app(dict(LIMITS), tiny_loaded)
 
 
 @pytest.fixture
