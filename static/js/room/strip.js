@@ -84,11 +84,12 @@ export function stepRow(step, slots, opts) {
   }, [stepHead(step), el("span", { class: "rs-cells" }, cells)]);
 }
 
-// The column heads: "step · batch · time", then slot 1..n.
+// The column heads: "step · batch · time", then the slots' numbers 1..n (a number alone fits a
+// narrow column; its label says "slot n").
 export function stripHead(slots) {
   return el("div", { class: "rs-row rs-columns", role: "row" }, [
     el("span", { class: "rs-head", role: "columnheader", text: "step · batch · time" }),
-    el("span", { class: "rs-cells" }, Array.from({ length: slots }, (_, i) => el("span", { class: "rs-cell rs-slot", role: "columnheader", text: `slot ${i + 1}` }))),
+    el("span", { class: "rs-cells" }, Array.from({ length: slots }, (_, i) => el("span", { class: "rs-cell rs-slot", role: "columnheader", "aria-label": `slot ${i + 1}`, title: `slot ${i + 1}`, text: String(i + 1) }))),
   ]);
 }
 
