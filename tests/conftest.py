@@ -464,11 +464,15 @@ class Stream:
 class Client(simple_websocket.Client):
     """simple_websocket's client, minus a race: its handshake reads the server's first frames
     together with the handshake reply and keeps only the reply's event, so a server that speaks
-    first (our hello) is not heard until more data arrives. Hand the rest to the input buffer."""
+    first (our hello) is not heard until more data arrives. Hand the rest to the input buffer.
+    Those frames may end with the server's close (a refused connection: its error, then close):
+    the connection still counts as open here, so that the constructor does not raise and the
+    error can be read; the reader thread then finds the socket closed."""
 
     def handshake(self):
         super().handshake()
         self._handle_events()
+        self.connected = True
 
 
 class WS:

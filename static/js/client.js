@@ -4,10 +4,20 @@
 // with requests by the client-chosen "id" that the server echoes in every reply. It keeps the
 // limits the server sends in `hello`: at most max_jobs_per_connection jobs and
 // max_requests_per_connection generate requests in flight; the rest wait here, so a page full of
-// widgets never gets `overloaded` from itself.
+// widgets never gets `overloaded` from itself. A request the server refuses with `overloaded` and a
+// short `retry_after_s` (a rate or a work budget, not a full server) is sent again by itself once
+// that time has passed; its owner hears a `waiting` message meanwhile.
 
 const TERMINAL = new Set(["done", "error"]);
 const IDLE_CLOSE = 4000;  // the server's close code for an idle connection
+const RETRY_WAIT_MAX_S = 10;   // retry by itself only when the server says a retry succeeds this soon
+const RETRIES_MAX = 3;         // ... and at most this many times for one request
+
+// May this refusal be retried here, after msg.retry_after_s?
+function retryable(msg, entry) {
+  return msg.type === "error" && msg.code === "overloaded" && typeof msg.retry_after_s === "number"
+    && msg.retry_after_s <= RETRY_WAIT_MAX_S && entry.retries < RETRIES_MAX;
+}
 
 class Gate {
   constructor(limit) { this.limit = limit; this.active = 0; this.waiting = []; }
@@ -56,6 +66,7 @@ class Client {
     ws.addEventListener("close", (event) => {
       this.outbox = [];  // their owners are told below that they failed: never send them later
       for (const [id, entry] of this.pending) {
+        clearTimeout(entry.timer);
         entry.release();
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });
       }
@@ -97,11 +108,25 @@ class Client {
       if (msg.type === "error") console.warn("sendlens server:", msg.message);
       return;
     }
+    if (retryable(msg, entry)) {
+      this.retryLater(entry, msg);
+      return;
+    }
     if (TERMINAL.has(msg.type) || (msg.type === entry.kind && msg.type !== "generate")) {
       this.pending.delete(msg.id);
       entry.release();
     }
     entry.onMessage(msg);
+  }
+
+  // The server refused `entry` for now: tell its owner, and send it again after retry_after_s.
+  retryLater(entry, msg) {
+    entry.retries += 1;
+    entry.onMessage({ type: "waiting", id: msg.id, retry_after_s: msg.retry_after_s, message: msg.message });
+    entry.timer = setTimeout(() => {
+      entry.timer = null;
+      if (this.pending.get(msg.id) === entry) this.send(entry.body);
+    }, msg.retry_after_s * 1000);
   }
 
   // Resolves with the server's hello (model facts and limits) once connected.
@@ -134,8 +159,9 @@ class Client {
     const start = () => {
       if (state !== "queued") { release(); return; }
       state = "sent";
-      this.pending.set(id, { kind: body.type, onMessage, release });
-      this.send({ ...body, id });
+      const entry = { kind: body.type, onMessage, release, body: { ...body, id }, retries: 0, timer: null };
+      this.pending.set(id, entry);
+      this.send(entry.body);
     };
     // the limits and which types are jobs are known once hello has come
     if (!this.hello && this.status === "idle") this.connect();
@@ -145,7 +171,14 @@ class Client {
     return {
       id,
       abort: () => {
-        if (state === "sent" && this.pending.has(id)) this.send({ type: "abort", id });
+        const entry = this.pending.get(id);
+        if (state === "sent" && entry?.timer) {
+          // waiting to be sent again: the server holds nothing of it
+          clearTimeout(entry.timer);
+          this.pending.delete(id);
+          entry.release();
+          onMessage({ type: "error", id, code: "aborted", message: "aborted while waiting to be sent again" });
+        } else if (state === "sent" && entry) this.send({ type: "abort", id });
         else if (state === "queued") {
           state = "aborted";
           onMessage({ type: "error", id, code: "aborted", message: "aborted before it was sent" });
@@ -160,6 +193,7 @@ class Client {
     return new Promise((resolve, reject) => {
       const handle = this.request(body, (msg) => {
         if (msg.type === "progress") options.onProgress?.(msg);
+        else if (msg.type === "waiting") options.onWaiting?.(msg);
         else if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
         else resolve(msg);
       });

@@ -172,7 +172,9 @@ function busy(view, on) {
 function answerStream(view, state, answer, onEnd) {
   let count = 0, first = null;
   return (msg) => {
-    if (msg.type === "accepted") {
+    if (msg.type === "waiting") {
+      view.finish.textContent = `Waiting to send again by itself: ${msg.message}`;
+    } else if (msg.type === "accepted") {
       view.finish.textContent = `Sent ${msg.prompt_tokens} tokens; generating up to ${msg.max_tokens}…`;
     } else if (msg.type === "token") {
       answer.body.textContent += msg.text;

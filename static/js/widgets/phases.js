@@ -217,6 +217,7 @@ function sendRequest(v, client, sync, fail) {
   v.requestNote.textContent = "Sent; waiting for the answer…";
   for (const s of [v.ttft, v.tpot, v.e2e]) s.set(null);
   v.current = client.request({ type: "generate", messages: [{ role: "user", content: text }], max_tokens: 24, temperature: 0 }, (msg) => {
+    if (msg.type === "waiting") v.requestNote.textContent = `Waiting to send again by itself: ${msg.message}`;
     if (msg.type !== "done" && msg.type !== "error") return;
     v.current = null;
     setDisabled(v.send, false);
