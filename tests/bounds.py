@@ -298,8 +298,10 @@ def format_product(fmt: str, isa: str):
     bf16 = torch.bfloat16
     if fmt == "bf16":
         return lambda x, w: rounded_to(rounded_to(x, bf16) @ rounded_to(w, bf16).T, bf16)
+    if fmt == "q8_0":
+        return q8_0_product
     if fmt != "q4_1":
-        raise ValueError(f"format_product: fmt {fmt!r} is not bf16 or q4_1")
+        raise ValueError(f"format_product: fmt {fmt!r} is not bf16, q8_0 or q4_1")
     from core.model.linear import Q4_GROUP, quantize_q4_1
 
     def weight(w):
@@ -315,13 +317,24 @@ def format_product(fmt: str, isa: str):
     return product
 
 
+def q8_0_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T as the engine's Q8_0 kernel rounds it (csrc/q8_matmul.cpp, on every AVX2 CPU, AVX-512
+    or not): the weights the engine quantizes to (core.model.linear.quantize_q8_0, llama.cpp's Q8_0),
+    the activations rounded to 16-bit integers per group of 32, the integer sums exact, the result
+    fp32 (exact here). float64."""
+    from core.model.linear import Q4_GROUP, quantize_q8_0
+    q, d = quantize_q8_0(w.float())
+    weight = q.double() * d.double().repeat_interleave(Q4_GROUP, 1)
+    return rounded_to_int16_groups(x, Q4_GROUP) @ weight.T
+
+
 class LogitBounds:
     """Bounds on how far an engine's logits may lie from another fp32 implementation's
     (transformers') on one sequence of a dense model, per weight format, all measured against the
     float64 logits `exact` of the same fp32 weights (against_f64):
     - fp32: each implementation is within OTHER_KERNELS_ERROR_RATIO times our fp32 model's error
       plus 4 ulps of the logit scale (`fp32_each`); the two, within twice that (`fp32_pair`).
-    - bf16, q4_1: the engine's error is its format's roundings, at most FORMAT_ERROR_RATIO times
+    - bf16, q8_0, q4_1: the engine's error is its format's roundings, at most FORMAT_ERROR_RATIO times
       those of format_product's float64 emulation (its largest error against `exact` over the
       logits compared: each row's `candidates` highest, the ones the engine recomputes exactly, or
       all T x V), plus its fp32 arithmetic's (`fp32_each`, the same operations as the fp32 model's);
@@ -366,6 +379,7 @@ class LogitBounds:
             # error is a few single roundings redrawn (Q4_1_LOGIT_BOUND says what was found), so the
             # bound read off runs stays
             return Q4_1_LOGIT_BOUND
+        # bf16 rounds the same way on every path; q8_0 has one kernel (q8_0_product), whatever `isa`
         return FORMAT_ERROR_RATIO * self.emulation_error(fmt, "", candidates) + self.fp32_pair
 
 

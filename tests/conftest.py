@@ -55,6 +55,25 @@ def uses_conftest_fixture(item, names: set[str]) -> bool:
                for d in defs.get(name, ())[-1:])
 
 
+# `make test` runs the suite in two processes (pytest-xdist; tests/xdist_groups.py schedules):
+# one test module is one group, so a module's own server or engine starts once; every test of the
+# real-model server (`python -m app`, whose first jobs take minutes) is one group, so one server
+# computes them once; and the tests that load transformers' reference share a process too.
+XDIST_GROUPS = (("real-server", {"server"}), ("transformers", {"hf_reference", "logit_bounds"}))
+
+
+def xdist_group(item) -> str:
+    return next((group for group, fixtures in XDIST_GROUPS if uses_conftest_fixture(item, fixtures)),
+                item.path.relative_to(ROOT).as_posix())
+
+
+@pytest.hookimpl(trylast=True)    # after xdist's own, which registers the controller's session
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        import xdist_groups
+        xdist_groups.configure(config)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_MODULES:
@@ -63,6 +82,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real_model)
         if uses_conftest_fixture(item, BROWSER_FIXTURES) and not item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.browser)
+    if config.pluginmanager.hasplugin("xdist"):
+        import xdist_groups
+        xdist_groups.write_groups(config, items, xdist_group)
 
 
 @pytest.fixture(scope="session")

@@ -337,6 +337,7 @@ def first_two_distribution(engine, prompt_ids):
     return joint
 
 
+@pytest.mark.slow          # a thousand seeded requests: `make test` runs it, the inner loop does not
 @pytest.mark.parametrize("draft", ["ngram", "self"])
 def test_speculative_sampling_keeps_the_models_distribution(make_tiny_engine, one_thread, draft):
     """Many seeds through the engine, all in continuous batches: the first token comes from the

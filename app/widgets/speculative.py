@@ -6,10 +6,11 @@ core/engine/speculative.py). Two drafts: prompt lookup (n-gram matches in the co
 2023) and self-speculation (the model's own first layers with its shared head, as LayerSkip).
 
 The job runs on a sibling engine in the serving engine's weight format, greedy, one request at a
-time: plain decoding of the reader's prompt first, then the draft and k the reader chose, then
-both drafts for every k from 1 to MAX_K. Each run is timed from the engine's own step records
-(the decode steps after the first token), and its speed-up is plain decoding's time per token
-over its own. Greedy speculative decoding must give plain decoding's tokens: `same_as_plain`.
+time: plain decoding of the reader's prompt first, then both drafts for every k from 1 to MAX_K.
+The draft and k the reader chose are read from that sweep, so its tiles and its row of the table
+are one measurement. Each run is timed from the engine's own step records (the decode steps after
+the first token), and its speed-up is plain decoding's time per token over its own. Greedy
+speculative decoding must give plain decoding's tokens: `same_as_plain`.
 
 Message: `speculative` {draft, k, text, run} -> a job (cached by its inputs; `run` is the
 reader's "measure again" counter).
@@ -72,7 +73,8 @@ def speculative_job(engine, draft: str, k: int, ids: list[int], remeasure: int):
     started = machine()
     block = engine.view.config.block_size
     sibling = engine.sibling(max_num_seqs=1, num_kv_blocks=-(-(len(ids) + GENERATE_TOKENS + MAX_K + 1) // block) + 1)
-    runs = [(None, None), (draft, k)] + [(d, n) for d in DRAFTS for n in range(1, MAX_K + 1)]
+    sweep_runs = [(d, n) for d in DRAFTS for n in range(1, MAX_K + 1)]
+    runs = [(None, None)] + sweep_runs
     total = len(runs) + 1
     count = iter(range(1, total + 1))
     note = lambda d, n: "plain decoding" if d is None else f"{d} draft, k = {n}"   # noqa: E731
@@ -84,7 +86,8 @@ def speculative_job(engine, draft: str, k: int, ids: list[int], remeasure: int):
         out = yield from with_progress(run(sibling, ids, d, n), lambda: Progress(done, total, note(d, n)))
         outs.append(out)
         yield Progress(done + 1, total, note(d, n))
-    plain, chosen, sweep = outs[0], outs[1], outs[2:]
+    plain, sweep = outs[0], outs[1:]
+    chosen = sweep[sweep_runs.index((draft, k))]
     plain_ms = ms_per_token(plain)
     tok = engine.view.tokenizer
     stats = chosen.speculation
@@ -99,7 +102,7 @@ def speculative_job(engine, draft: str, k: int, ids: list[int], remeasure: int):
         "proposed_per_position": stats.proposed_per_position,
         "plain_ms_per_token": round(plain_ms, 3),
         **row(chosen, plain, plain_ms, k),
-        "sweep": {d: [row(out, plain, plain_ms, n) for (dd, n), out in zip(runs[2:], sweep) if dd == d]
+        "sweep": {d: [row(out, plain, plain_ms, n) for (dd, n), out in zip(sweep_runs, sweep) if dd == d]
                   for d in DRAFTS},
     }
 

@@ -58,7 +58,8 @@ def check_reply(r):
         assert [row["k"] for row in sweep] == list(range(1, 9))
         assert all(row["same_as_plain"] == 1 and row["speedup"] > 0 for row in sweep)
     chosen = r["sweep"][r["draft"]][r["k"] - 1]
-    assert chosen["acceptance_rate"] == r["acceptance_rate"] and chosen["tokens_per_pass"] == r["tokens_per_pass"]
+    # the tiles are the sweep's own row for the chosen draft and k: one measurement, one number
+    assert {key: r[key] for key in chosen} == chosen
     assert r["machine"]["threads"] >= 1 and r["machine"]["measured_at"]
 
 

@@ -5,7 +5,10 @@
 // the batch.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

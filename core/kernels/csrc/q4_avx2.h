@@ -6,7 +6,10 @@
 // also exact as a float), and y = (s * sum of xi) * m + ((d * s) * S + y) in fp32.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

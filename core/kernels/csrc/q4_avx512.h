@@ -4,7 +4,10 @@
 // (products exact, fp32 sums): S = sum of x[k] * q[k], then acc = m * sum(x) + (d * S + acc).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
