@@ -3,7 +3,9 @@
     {"schema": "sendlens.room/1",
      "room": {"code", "created_at", "state", "settings", "students": [names]},
      "settings_log": [{"at", "step", "settings"}],   # the room's settings from its start, each change
-                                                     # and the room's steps done when it applied
+                                                     # and the room's steps done when it applied (it
+                                                     # holds from the step of that number on; a clear
+                                                     # starts the log again at step 0)
      "steps": [step rows, oldest first: StepTrace dicts, slots naming {"request", "student", ...}],
      "requests": [records: id, student, state, token counts, ttft_s, tpot_s, waited_s, text, ...]}
 

@@ -170,7 +170,8 @@ class Room:
             self._changed()
 
     def clear(self) -> None:
-        """Abort what runs, forget every record and step; the members stay."""
+        """Abort what runs, forget every record, step and settings change; the members stay, and
+        the settings log starts again from the settings in force, at step 0."""
         with self.lock:
             for engine in [self.engine, *self.draining]:
                 if engine is not None:
@@ -185,6 +186,8 @@ class Room:
             self.kv_by_student = {}
             self.cleared_at = self.seq + 1
             self.cleared_unsaved = True
+            # the session starts again at step 0: its settings log too (the store forgets the old one)
+            self.settings_log = [{"at": time.time(), "step": 0, "settings": self.settings.as_dict()}]
             self._changed()
 
     # -- housekeeping (the registry's ticker) ----------------------------------------------------

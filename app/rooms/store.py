@@ -144,11 +144,13 @@ class Store:
         return self._read("SELECT COALESCE(MAX(step) + 1, 0) FROM steps WHERE code = ?", (code,))[0][0]
 
     def clear(self, code: str) -> None:
-        """Forget a room's records and steps (its members stay)."""
+        """Forget a room's records, steps and settings log (its members stay; the room logs its
+        settings again, at step 0 of the new session)."""
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM requests WHERE code = ?", (code,))
             self._db.execute("DELETE FROM steps WHERE code = ?", (code,))
+            self._db.execute("DELETE FROM settings_log WHERE code = ?", (code,))
             self._db.execute("COMMIT")
 
 

@@ -45,9 +45,11 @@ def names(n: int) -> list[str]:
     return [base[i % len(base)] + ("" if i < len(base) else f" {i // len(base) + 1}") for i in range(n)]
 
 
-def make_requests(students: list[str]) -> list[Req]:
-    """One request per student, of varied prompt and output lengths, arriving in two waves."""
-    return [Req(id=f"req-{i}", student=s, prompt=10 + (i * 7) % 30, output=4 + (i * 5) % 11, arrived=0 if i < 6 else 3)
+def make_requests(students: list[str], start: int = 0, round_: int = 0) -> list[Req]:
+    """One request per student, of varied prompt and output lengths, arriving in two waves from
+    step `start`; ids req-<i> in the first round, req-<round>-<i> after."""
+    prefix = "req-" if round_ == 0 else f"req-{round_}-"
+    return [Req(id=f"{prefix}{i}", student=s, prompt=10 + (i * 7) % 30, output=4 + (i * 5) % 11, arrived=start + (0 if i < 6 else 3))
             for i, s in enumerate(students)]
 
 
@@ -115,37 +117,69 @@ def _step(step: int, slots: list, queue: list[Req], scheduling: str, kv_total: i
             "kv_blocks_used": used, "kv_blocks_total": kv_total, "slots": cells, "preempted": [], "finished": finished}
 
 
-def session(students: int = 8, slots: int = 4, scheduling: str = "continuous", code: str = "TESTR00M") -> dict:
-    """A whole session: {"updates": [room_update...], "export": {...}}; one update per step."""
+def _update(code: str, seq: int, current: dict, who: list[str], reqs: list[Req], step: int, steps: list[dict],
+            queue: list[Req], kv_total: int, ran: bool = True) -> dict:
+    """The room_update the live room pushes after step `step`: with that step's row if it just
+    ran, else (a settings change between steps) with none."""
+    busy = sum(1 for s in steps for c in s["slots"] if c and c["kind"] != "idle")
+    seen = [r for r in reqs if r.arrived <= step]
+    blocks = {name: 0 for name in who}
+    for r in reqs:
+        if r.slot is not None and r.end_step is None:
+            blocks[r.student] += -(-(r.done_prefill + r.generated) // 16)
+    return {
+        "type": "room_update", "room": code, "seq": seq, "settings": dict(current),
+        "students": [{"name": name, "kv_blocks": blocks[name]} for name in who],
+        "requests": [_record(r, step) for r in seen], "steps": [steps[-1]] if ran else [],
+        "waiting": [r.id for r in queue], "kv": {"used": steps[-1]["kv_blocks_used"] if steps else 0, "total": kv_total},
+        "totals": {"students": len(who), "requests": len(seen), "engine_steps": len(steps),
+                   "mean_requests_per_step": busy / len(steps) if steps else 0.0},
+    }
+
+
+def session(students: int = 8, slots: int = 4, scheduling: str = "continuous", code: str = "TESTR00M",
+            changes: list[dict] = ()) -> dict:
+    """A whole session: {"updates": [room_update...], "export": {...}, "rounds": [...]}; one update
+    per step, seq counting the updates.
+
+    changes: the teacher's settings changes between rounds of sends. Every student sends once in
+    the first round; once a round drained, the next change applies, one setting at a time as the
+    controls send them (each an update with no step, and a settings_log entry at the steps done),
+    and every student sends again. rounds[k] = {"changes": [{"settings": {key: value}, "update"}],
+    "updates": [the round's step updates]}: the first round has no changes."""
     who = names(students)
-    reqs = make_requests(who)
-    pending = sorted(reqs, key=lambda r: r.arrived)
-    queue: list[Req] = []
-    held: list = [None] * slots
-    steps, updates, kv_total = [], [], 64
+    current = settings(scheduling, slots)
+    log = [{"at": 0.0, "step": 0, "settings": dict(current)}]
+    steps, updates, rounds, every, kv_total, seq = [], [], [], [], 64, 0
     step = 0
-    while pending or queue or any(r is not None for r in held):
-        queue += [r for r in pending if r.arrived <= step]
-        pending = [r for r in pending if r.arrived > step]
-        _admit(held, queue, scheduling)
-        trace = _step(step, held, queue, scheduling, kv_total)
-        for i, r in enumerate(held):   # continuous frees a finished slot now; static when all are done
-            if r is not None and r.end_step is not None and (scheduling == "continuous" or all(x is None or x.end_step is not None for x in held)):
-                held[i] = None
-        steps.append(trace)
-        busy = sum(1 for s in steps for c in s["slots"] if c and c["kind"] != "idle")
-        seen = [r for r in reqs if r.arrived <= step]
-        updates.append({
-            "type": "room_update", "room": code, "seq": step, "settings": settings(scheduling, slots),
-            "students": [{"name": r.student, "kv_blocks": -(-(r.done_prefill + r.generated) // 16) if r.slot is not None and r.end_step is None else 0} for r in reqs],
-            "requests": [_record(r, step) for r in seen], "steps": [trace],
-            "waiting": [r.id for r in queue], "kv": {"used": trace["kv_blocks_used"], "total": kv_total},
-            "totals": {"students": students, "requests": len(seen), "engine_steps": len(steps),
-                       "mean_requests_per_step": busy / len(steps)},
-        })
-        step += 1
+    for k, change in enumerate([{}, *changes]):
+        done: list[dict] = []
+        for key, value in change.items():   # one control each, as the teacher's page sends them
+            current = {**current, key: value}
+            log.append({"at": float(k), "step": len(steps), "settings": dict(current)})
+            done.append({"settings": {key: value}, "update": _update(code, seq, current, who, every, step - 1, steps, [], kv_total, ran=False)})
+            seq += 1
+        reqs = make_requests(who, start=step, round_=k)
+        every += reqs
+        pending = sorted(reqs, key=lambda r: r.arrived)
+        queue: list[Req] = []
+        held: list = [None] * current["max_num_seqs"]
+        mode, mine = current["scheduling"], []
+        while pending or queue or any(r is not None for r in held):
+            queue += [r for r in pending if r.arrived <= step]
+            pending = [r for r in pending if r.arrived > step]
+            _admit(held, queue, mode)
+            trace = _step(step, held, queue, mode, kv_total)
+            for i, r in enumerate(held):   # continuous frees a finished slot now; static when all are done
+                if r is not None and r.end_step is not None and (mode == "continuous" or all(x is None or x.end_step is not None for x in held)):
+                    held[i] = None
+            steps.append(trace)
+            mine.append(_update(code, seq, current, who, every, step, steps, queue, kv_total))
+            seq += 1
+            step += 1
+        rounds.append({"changes": done, "updates": mine})
+        updates += [c["update"] for c in done] + mine
     updates[0]["full"] = True
     export = {"schema": "sendlens.room/1", "room": {"code": code, "students": [{"name": n} for n in who]},
-              "settings_log": [{"step": 0, "settings": settings(scheduling, slots)}],
-              "steps": steps, "requests": [_record(r, step) for r in reqs]}
-    return {"updates": updates, "export": export}
+              "settings_log": log, "steps": steps, "requests": [_record(r, step) for r in every]}
+    return {"updates": updates, "export": export, "rounds": rounds}

@@ -6,6 +6,7 @@ cookies and socket) in one room of a real server, sending at once.
 - the figures equal the room's own trace (its export);
 - switching to static batching changes the strip as the batching widget predicts: no request
   joins a batch while another of it still runs (continuous batching refills a finished slot at once);
+- the replay of the export draws the live strip, and shows the settings in force at each step;
 - bad names get the named error (display_name), and a student cannot use the teacher's controls.
 
 The server is the app on the `tiny` model (random weights: the answers are noise, the engine's
@@ -37,7 +38,11 @@ def room_server(tiny_loaded, tmp_path_factory):
     from app import create_app
 
     settings = {"model": "tiny", "testing": True, "num_kv_blocks": 512, "max_tokens_limit": 64, "default_max_tokens": 16,
-                "room_join_rate_per_minute": 200, "room_max_rooms": 16, "rooms_db_path": str(tmp_path_factory.mktemp("rooms") / "rooms.sqlite3")}
+                "room_join_rate_per_minute": 200, "room_max_rooms": 16, "rooms_db_path": str(tmp_path_factory.mktemp("rooms") / "rooms.sqlite3"),
+                # each student's second wave (its chat's history and a long question, about 6,300
+                # tokens of work) must not wait on its connection's work budget, however fast the
+                # first wave ran: the budget is test_budget's subject, not this one's
+                "work_tokens_per_second": 1 << 20, "work_burst_tokens": 1 << 20}
     app = create_app(settings, loaded=tiny_loaded)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="room-server", daemon=True)
@@ -241,6 +246,15 @@ def test_one_presenter_and_eight_students(contexts, room_server, artifacts_dir):
     assert strip_signature(replay.page, PRESENTER) == drawn_live
     assert figures(replay.page) == figures(presenter.page)
     replay.page.screenshot(path=str(artifacts_dir / "room-class-replay-1280x720.png"))
+    # and the settings in force at each step, from the room's own log: continuous batching up to
+    # the switch, static from the first step after it
+    assert replay.page.get_attribute(PRESENTER, "data-scheduling") == "static"
+    switch = replay.page.locator('.room-player [data-settings-step]').last
+    assert switch.get_attribute("data-settings-step") == str(first) and "static batching" in switch.inner_text()
+    replay.page.fill('[data-control="seek"]', str(first))
+    replay.page.wait_for_selector(f'{PRESENTER}[data-seq="{first}"][data-scheduling="continuous"]', timeout=HANG_MS)
+    replay.page.click('[data-control="step"]')
+    replay.page.wait_for_selector(f'{PRESENTER}[data-seq="{first + 1}"][data-scheduling="static"]', timeout=HANG_MS)
     replay.assert_clean()
 
     # a student cannot use the teacher's controls

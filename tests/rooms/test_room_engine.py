@@ -119,6 +119,8 @@ def test_the_rooms_rules(base):
         wait_for(lambda: not room.busy(), timeout=60, what="Ada's request")
         room.clear()
         assert not room.records and not room.steps and room.num_steps == 0
+        # the settings log starts again with the new session: the settings in force, at step 0
+        assert [(e["step"], e["settings"]) for e in room.settings_log] == [(0, room.settings.as_dict())]
     finally:
         room.close()
 

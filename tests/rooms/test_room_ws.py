@@ -146,6 +146,12 @@ def test_the_rooms_rules_and_the_teachers_controls(srv, room):
     assert control(boss, code, "clear")["type"] == "room_control_ok"
     u = boss.updates(watch, lambda u: u["full"])[-1]
     assert u["requests"] == [] and u["totals"]["engine_steps"] == 0 and len(u["students"]) == 2
+    # the export starts again too: no step, no record, and the settings log from the settings in
+    # force at step 0 (the old log's step numbers counted the steps the clear forgot)
+    status, _, body = request(srv, "GET", f"/room/{code}/export", cookies=presenter)
+    exp = json.loads(body)
+    assert status == 200 and exp["steps"] == [] and exp["requests"] == []
+    assert [(e["step"], e["settings"]) for e in exp["settings_log"]] == [(0, srv.rooms.get(code).settings.as_dict())]
 
 
 def test_a_student_watches_their_room_but_not_another(srv, room):

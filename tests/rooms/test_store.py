@@ -30,7 +30,7 @@ def test_the_store_is_wal_and_gives_back_what_it_kept(tmp_path):
     assert [e["settings"] for e in again.settings_log("ABCDEFGH")] == [{"paused": False}, {"paused": True}]
     assert [e["step"] for e in again.settings_log("ABCDEFGH")] == [0, 7]
     again.clear("ABCDEFGH")
-    assert again.records("ABCDEFGH") == [] and again.steps("ABCDEFGH") == []
+    assert again.records("ABCDEFGH") == [] and again.steps("ABCDEFGH") == [] and again.settings_log("ABCDEFGH") == []
     assert len(again.members("ABCDEFGH")) == 2
     assert again.room("NOSUCHRM") is None
 

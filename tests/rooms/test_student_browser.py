@@ -66,4 +66,28 @@ def test_your_request_in_the_batch(phone, live_server, artifacts_dir):
     page.locator(".room-batch").scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts_dir / "room-student-390.png"), full_page=True)
     assert page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 0
+    # the live batch's table (eight columns) is wider than a phone: it scrolls sideways inside its
+    # own box (overflow-x auto), the box stays within the page, and the box scrolled to its end
+    # shows the last column ("waited") whole, its head and the student's cell
+    box = page.locator(f"{ROOT} .room-table")
+    box.scroll_into_view_if_needed()
+    panel = page.locator(f"{ROOT} .figure:has(.room-table)")
+    panel.screenshot(path=str(artifacts_dir / "room-student-table-390.png"))
+    fit = box.evaluate("""(n) => ({ scroll: n.scrollWidth, client: n.clientWidth, left: n.getBoundingClientRect().left,
+        right: n.getBoundingClientRect().right, overflowX: getComputedStyle(n).overflowX })""")
+    assert fit["scroll"] > fit["client"], f"the table fits at 390 px, so this test checks nothing: {fit}"
+    assert fit["overflowX"] == "auto", fit
+    assert 0 <= fit["left"] and fit["right"] <= page.evaluate("() => window.innerWidth"), fit
+    box.evaluate("(n) => { n.scrollLeft = n.scrollWidth; }")
+    assert box.evaluate("(n) => n.scrollLeft") == fit["scroll"] - fit["client"], "the box did not scroll to its end"
+    assert page.locator(f"{ROOT} .room-table thead th").last.inner_text() == "waited"
+    edges = page.evaluate("""(root) => {
+        const box = document.querySelector(root + ' .room-table').getBoundingClientRect();
+        const last = [...document.querySelectorAll(root + ' .room-table tr')].map((tr) => tr.lastElementChild.getBoundingClientRect());
+        return last.map((r) => [r.left - box.left, box.right - r.right]); }""", ROOT)
+    assert len(edges) == 2, edges                  # the head and Barbara's row
+    # -1: sub-pixel layout rounding of the rects (each edge is a whole or half CSS pixel off at most)
+    assert all(left >= -1 and right >= -1 for left, right in edges), edges
+    panel.screenshot(path=str(artifacts_dir / "room-student-table-390-scrolled.png"))
+    assert page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 0
     pg.assert_clean()

@@ -103,3 +103,27 @@ def expected_signature(steps: list[dict], slots: int, limit: int = 200) -> list:
         cells += [[None, "empty"]] * (slots - len(cells))
         rows.append([s["step"], sum(1 for c in s["slots"] if c and c["kind"] != "idle"), cells])
     return rows
+
+
+def strip_content(page, root: str = "[data-view]") -> dict:
+    """The step strip's DOM content, for comparing two drawings of it: the column heads (slot
+    numbers), then per row (newest first) its step, batch size and students (data-*), its head's
+    text (step number, batch, time) and each cell's kind, student, request, label, title and colour."""
+    return page.evaluate("""(root) => {
+        const strip = document.querySelector(root + ' .room-strip');
+        return {
+            columns: [...strip.querySelectorAll('.rs-columns .rs-slot')].map((c) => c.textContent),
+            rows: [...strip.querySelectorAll('.rs-row[data-step]')].map((row) => ({
+                step: row.dataset.step, batch: row.dataset.batch, students: row.dataset.students,
+                head: row.querySelector('.rs-head').textContent,
+                cells: [...row.querySelectorAll('.rs-cell')].map((c) => [c.className, c.dataset.kind, c.dataset.student ?? null,
+                    c.dataset.request ?? null, c.textContent, c.title, c.getAttribute('style')]),
+            })),
+        };
+    }""", root)
+
+
+def shown_settings(page, root: str = "[data-view]") -> dict | None:
+    """The settings the view shows (the settings line's data-settings), or None if it shows none."""
+    raw = page.get_attribute(f"{root} .room-settings", "data-settings")
+    return json.loads(raw) if raw else None

@@ -109,15 +109,29 @@ export function waitingPanel(waiting, requests, count = waiting.length) {
     waiting.map((id) => el("li", { "data-request": id, text: byId.get(id)?.student ?? id })))];
 }
 
-// The room's settings in words, shown to the whole class: what the teacher switched.
-export function settingsText(s) {
-  if (!s) return "";
+// The room's settings in words, one phrase per setting, in a fixed order: [key, phrase] pairs.
+export function settingsParts(s) {
   const on = (flag) => (flag ? "on" : "off");
   return [
-    s.paused ? "PAUSED: sending is off" : "sending is on",
-    `${s.scheduling} batching`, plural(s.max_num_seqs, "batch slot"), `up to ${plural(s.max_tokens, "token")} an answer`,
-    `one request at a time ${on(s.one_at_a_time)}`, `prefix caching ${on(s.prefix_caching)}`, `chunked prefill ${on(s.chunked_prefill)}`,
-  ].join(" · ");
+    ["paused", s.paused ? "PAUSED: sending is off" : "sending is on"],
+    ["scheduling", `${s.scheduling} batching`], ["max_num_seqs", plural(s.max_num_seqs, "batch slot")],
+    ["max_tokens", `up to ${plural(s.max_tokens, "token")} an answer`], ["one_at_a_time", `one request at a time ${on(s.one_at_a_time)}`],
+    ["prefix_caching", `prefix caching ${on(s.prefix_caching)}`], ["chunked_prefill", `chunked prefill ${on(s.chunked_prefill)}`],
+  ];
+}
+
+// The room's settings in words, shown to the whole class: what the teacher switched.
+export function settingsText(s) {
+  return s ? settingsParts(s).map(([, phrase]) => phrase).join(" · ") : "";
+}
+
+// What a change of settings switched, in words: the phrases of `after` that differ from `before`
+// ("static batching · 2 batch slots"); every phrase when there is no `before`.
+export function settingsChangeText(before, after) {
+  if (!after) return "";
+  const was = new Map(before ? settingsParts(before) : []);
+  const changed = settingsParts(after).filter(([key, phrase]) => was.get(key) !== phrase);
+  return changed.length ? changed.map(([, phrase]) => phrase).join(" · ") : "no setting changed";
 }
 
 // The requests the table shows: every one not finished, then the newest finished ones, up to

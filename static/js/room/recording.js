@@ -11,6 +11,10 @@
 //   const cursor = recordingCursor(exportJson);
 //   cursor.length;          // recorded steps
 //   cursor.next();          // the update after the next step, or null at the end
+//   cursor.changes;         // the teacher's settings changes: [{ step, before, settings }]
+//
+// The settings each update carries are the ones in force when its step ran (settingsAt), from
+// the export's settings_log; a file without one replays with no settings shown.
 
 export const SCHEMA = "sendlens.room/1";
 
@@ -21,11 +25,30 @@ function slotOf(s, names) {
   return { ...s, request, student: s.student ?? names.get(request) ?? null };
 }
 
-// The settings in force after `done` steps: the last log entry at or before it.
-function settingsAt(log, done) {
+// The settings in force when the newest of the first `done` steps ran: the last log entry made
+// before that step. An entry's `step` counts the room's steps done when the teacher changed the
+// setting, so it holds from the step of that number on: replayed to `done` steps, the view shows
+// what the live presenter showed when step #done-1 came in. At the end (`end`), every entry: a
+// change made after the last step is the room's last setting. An entry without a step (a file
+// from before steps were logged) holds from the start.
+export function settingsAt(log, done, end = false) {
   let current = log[0]?.settings ?? null;
-  for (const entry of log) if ((entry.step ?? 0) <= done) current = entry.settings;
+  for (const entry of log) if (end || (entry.step ?? 0) < done) current = entry.settings;
   return current;
+}
+
+// The teacher's changes after the room's start, in order: { step, before, settings } (the
+// settings before and after; step: the first step that ran with them). Entries at the same step
+// (one control each, sent between the same two steps) are one change.
+export function settingsChanges(log) {
+  const changes = [];
+  log.forEach((entry, i) => {
+    if (i === 0) return;
+    const step = entry.step ?? 0, last = changes[changes.length - 1];
+    if (last && last.step === step) last.settings = entry.settings;
+    else changes.push({ step, before: log[i - 1].settings, settings: entry.settings });
+  });
+  return changes;
 }
 
 function checkExport(exp) {
@@ -34,6 +57,7 @@ function checkExport(exp) {
   for (const key of ["steps", "requests"]) {
     if (!Array.isArray(exp[key])) throw new Error(`the recording has no ${key} list`);
   }
+  if (exp.settings_log !== undefined && !Array.isArray(exp.settings_log)) throw new Error("the recording's settings_log is not a list");
 }
 
 // Each request's prefill chunks in the whole trace, for "chunk k of n".
@@ -51,7 +75,8 @@ function recordNow(rec, seen, ended) {
   const base = { ...rec, prefill_chunk: null, prefill_chunks: null };
   if (done) return { ...base, state: rec.state === "aborted" ? "aborted" : "done" };
   const now = { ...base, generated_tokens: seen.generated, ttft_s: seen.generated ? rec.ttft_s : null, tpot_s: null };
-  if (seen.kind === "prefill") return { ...now, state: "prefill", prefill_chunk: seen.chunks, prefill_chunks: seen.totalChunks };
+  // the last prefill chunk makes a token: from then on the live room says decoding
+  if (seen.kind === "prefill" && !seen.emitted) return { ...now, state: "prefill", prefill_chunk: seen.chunks, prefill_chunks: seen.totalChunks };
   return { ...now, state: seen.kind === "decode" || seen.generated ? "decoding" : "waiting" };
 }
 
@@ -65,13 +90,15 @@ export function recordingCursor(exp) {
   const state = { i: 0, length: steps.length, busy: 0, seen: new Map(), ended: new Set(), students: new Set(roomStudents) };
   return {
     length: steps.length,
+    changes: settingsChanges(exp.settings_log ?? []),
     get position() { return state.i; },
     next() {
       if (state.i >= steps.length) return null;
       const step = steps[state.i];
       state.i += 1;
       advance(state, step, chunks);
-      return updateAfter(state, step, { records, settings: settingsAt(exp.settings_log ?? [], state.i), roomStudents });
+      const settings = settingsAt(exp.settings_log ?? [], state.i, state.i === steps.length);
+      return updateAfter(state, step, { records, settings, roomStudents });
     },
   };
 }
@@ -83,6 +110,7 @@ function advance(state, step, chunks) {
     const seen = state.seen.get(s.request) ?? { kind: null, chunks: 0, totalChunks: chunks.get(s.request) ?? 0, generated: 0 };
     if (s.kind !== "idle") seen.kind = s.kind;
     if (s.kind === "prefill") seen.chunks += 1;
+    if (s.kind !== "idle") seen.emitted = Boolean(s.output_index);   // this step's work made a token
     if (s.output_index) seen.generated = Math.max(seen.generated, s.output_index);
     state.seen.set(s.request, seen);
     state.students.add(s.student);
