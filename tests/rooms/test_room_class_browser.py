@@ -38,11 +38,10 @@ def room_server(tiny_loaded, tmp_path_factory):
     from app import create_app
 
     settings = {"model": "tiny", "testing": True, "num_kv_blocks": 512, "max_tokens_limit": 64, "default_max_tokens": 16,
-                "room_join_rate_per_minute": 200, "room_max_rooms": 16, "rooms_db_path": str(tmp_path_factory.mktemp("rooms") / "rooms.sqlite3"),
-                # each student's second wave (its chat's history and a long question, about 6,300
-                # tokens of work) must not wait on its connection's work budget, however fast the
-                # first wave ran: the budget is test_budget's subject, not this one's
-                "work_tokens_per_second": 1 << 20, "work_burst_tokens": 1 << 20}
+                # the default work budget: a student's second message (its chat's history and a long
+                # question) may find its connection's budget low after a fast first wave; the page's
+                # client waits the server's retry_after_s and sends it again (static/js/client.js)
+                "room_join_rate_per_minute": 200, "room_max_rooms": 16, "rooms_db_path": str(tmp_path_factory.mktemp("rooms") / "rooms.sqlite3")}
     app = create_app(settings, loaded=tiny_loaded)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="room-server", daemon=True)
