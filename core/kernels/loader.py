@@ -2,7 +2,8 @@
 (attention, RMSNorm, rotary embedding, SwiGLU's product, fp32, Q4_1 and Q8_0 products).
 
 It is built on first use with torch's cpp_extension (a C++ compiler and ninja; the first build
-takes minutes on a small machine), for this machine's CPU (-march=native: the kernels are written
+takes a while on a small machine: only decoder.cpp, which binds the kernels to Python, includes
+<torch/extension.h>), for this machine's CPU (-march=native: the kernels are written
 for AVX-512 and AVX2, with a lane-by-lane fallback) and cached under torch's extensions directory.
 Where it cannot be built, extension() says why once in the log and returns None; the model side
 (core/model/linear.py, core/model/native_decoder.py) then runs PyTorch's operations instead.
@@ -57,7 +58,7 @@ def extension():
         venv_bin = str(Path(sys.executable).parent)  # pip's ninja lands beside python, maybe not on PATH
         if shutil.which("ninja") is None and shutil.which("ninja", path=venv_bin):
             os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-        log.info("loading the C++ decoder (built on first use, which takes minutes; cached after)")
+        log.info("loading the C++ decoder (built on first use, which takes a while; cached after)")
         name = build_name()
         clear_stale_lock(name)
         return cpp_extension.load(name=name, sources=[str(p) for p in SOURCES],
