@@ -12,6 +12,11 @@ does. So each connection holds a token bucket (the leaky-bucket policer of ATM n
 - a widget job costs `job_slice_tokens` for each slice the job runner gives it while the engine
   serves requests (a slice beside nobody's chat delays nobody).
 
+Work of more than a slice (a text estimated over `work_slice_tokens`: tokenizing_estimate) is not
+done on the connection's reader thread but by the job runner, in slices between engine steps
+(app/live.py, Call.inline; app/prompt_job.py for a long prompt); its estimate is settled when the
+job has counted it.
+
 A message is let in when the bucket holds its estimated cost (or is full, for a cost larger than
 the bucket: one large message stays possible, then its debt is paid off before the next). Past
 that it is refused with `overloaded` and `retry_after_s`, the time until the bucket holds enough.
@@ -53,6 +58,34 @@ def stop_cost(stop, max_tokens: int) -> int:
     """Tokens of work a request's stop strings cost: max_tokens * len(stop) checks."""
     n = 1 if isinstance(stop, str) else len(stop or ())
     return math.ceil(max_tokens * n / STOP_CHECKS_PER_TOKEN)
+
+
+def request_cost(seq, params) -> int:
+    """What an engine request costs once prepared: its prompt's tokens and its stop strings'
+    checks (a beam search has none)."""
+    return seq.num_prompt_tokens + stop_cost(getattr(params, "stop", None), params.max_tokens)
+
+
+def message_estimate(msg: dict, config, template: tuple[int, int]) -> int:
+    """An upper bound, before any work, on the tokens of work a message costs: what its text can
+    tokenize to (tokenizing_estimate), and a generate request's stop-string checks."""
+    estimate = tokenizing_estimate(msg, template)
+    if "stop" in msg and isinstance(msg["stop"], (str, list)):
+        max_tokens = msg.get("max_tokens", config.default_max_tokens)
+        estimate += stop_cost(msg["stop"], max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1)
+    return estimate
+
+
+def tokenizing_estimate(msg: dict, template: tuple[int, int]) -> int:
+    """An upper bound on the tokens a message's text tokenizes to: its bytes, and the chat
+    template's own around `messages` (the work done before any engine step)."""
+    chat = msg.get("messages") if isinstance(msg.get("messages"), list) else []
+    texts = [m.get("content") for m in chat if isinstance(m, dict)]
+    texts += [msg[k] for k in ("text", "prompt") if isinstance(msg.get(k), str)]
+    estimate = text_estimate(*[t for t in texts if isinstance(t, str)])
+    if chat:
+        estimate += template[0] + template[1] * len(chat)
+    return estimate
 
 
 class WorkBudget:

@@ -40,7 +40,7 @@ class ServerConfig:
     # -- work per connection, priced in tokens (app/budget.py) --
     work_tokens_per_second: int = 2048    # a connection's budget of work: tokenized, prompt and stop-check tokens a second
     work_burst_tokens: int = 16384        # ... held at most (one large message; then its debt is paid off)
-    work_slice_tokens: int = 512          # template/tokenize work above this runs as a job, in slices of this many tokens
+    work_slice_tokens: int = 512          # template/tokenize work and prompts above this run as a job, in slices of this many tokens
     job_slice_tokens: int = 16            # what one slice of a widget job costs its connection
     # -- the engine's queues --
     max_queue: int = 256                  # requests waiting for the engine before "overloaded"

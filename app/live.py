@@ -9,12 +9,16 @@ dropped.
 
 Handlers answer through a Call: `reply` at once, `job` through the job runner, or `submit` for
 an engine request and the stream of its outputs (the one way a request enters the engine: it is
-checked, admitted and enqueued in one place, Connection.start_request). `abort` {id} is the
-transport's own message: it stops either kind.
+checked, admitted and enqueued in one place, Connection.start_request). A request whose prompt
+is too long to tokenize here is tokenized by the job runner first (app/prompt_job.py), counted
+against the connection's requests meanwhile. `abort` {id} is the transport's own message: it
+stops any of them.
 
 Every message is priced by its work, in tokens, against the connection's budget (app/budget.py):
 an estimate from the message's text before its handler runs, settled to what the handler charged
-when it returns (or, for work a handler hands to a job, when the job has counted it).
+when it returns (or, for work a handler hands to a job, when the job has counted it). Work of
+more than one slice (`work_slice_tokens`: the estimate of what the message's text tokenizes to)
+never runs on the reader's thread beside the engine: `Call.inline()` says which side it is on.
 
 The limits a connection keeps (app/config.py): messages per second (a token bucket), requests,
 jobs and prompt tokens in flight, and bytes queued for a client that does not read (past that it
@@ -23,6 +27,7 @@ the reader closes a connection idle for `idle_timeout_s` (code 4000) and notices
 library closed (an oversized frame) or a server shutting down.
 """
 
+import inspect
 import json
 import logging
 import queue
@@ -37,11 +42,13 @@ from simple_websocket import ConnectionClosed
 from wsproto.events import Ping
 
 from core.errors import EngineOverloaded, InvalidParameter
+from core.model.tokenizer import drain
 
 from . import protocol
-from .budget import WorkBudget, stop_cost, text_estimate
+from .budget import WorkBudget, message_estimate, request_cost, tokenizing_estimate
 from .jobs import Event
-from .protocol import ProtocolError
+from .prompt_job import Withdrawn, start_tokenizing
+from .protocol import ProtocolError, error_reply
 from .rooms import messages as room_messages
 from .runtime import Runtime, get_runtime
 from .widgets import MESSAGE_TYPES as WIDGET_TYPES
@@ -77,20 +84,10 @@ def websocket(ws):
         runtime.close_connection(seat)
 
 
-def work_estimate(msg: dict, config, template: tuple[int, int]) -> int:
-    """An upper bound, before any work, on the tokens of work a message costs: the tokens its text
-    can tokenize to (its bytes, and the chat template's own around `messages`), and a generate
-    request's stop-string checks."""
-    chat = msg.get("messages") if isinstance(msg.get("messages"), list) else []
-    texts = [m.get("content") for m in chat if isinstance(m, dict)]
-    texts += [msg[k] for k in ("text", "prompt") if isinstance(msg.get(k), str)]
-    estimate = text_estimate(*[t for t in texts if isinstance(t, str)])
-    if chat:
-        estimate += template[0] + template[1] * len(chat)
-    if "stop" in msg and isinstance(msg["stop"], (str, list)):
-        max_tokens = msg.get("max_tokens", config.default_max_tokens)
-        estimate += stop_cost(msg["stop"], max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1)
-    return estimate
+def aborted_while_tokenizing(mid) -> dict:
+    """The answer to a request aborted before `accepted`, while a job tokenized its prompt."""
+    return ProtocolError("aborted", "the request was aborted while its prompt was being tokenized (before it was "
+                                    "accepted)", None, mid).as_message()
 
 
 class Call:
@@ -106,8 +103,10 @@ class Call:
         self.info = conn.runtime.info
         self.tokenizer = conn.runtime.engine.view.tokenizer
         self.estimate = 0          # tokens of work taken from the budget before the handler ran
+        self.tokenizing_work = 0   # ... of them, what its text tokenizes to (the rest: stop checks)
         self.cost = 0              # ... and what the handler says it cost (settled when it returns)
         self.deferred = False      # the cost is settled later, by a job
+        self.tokenized_by_job = False   # a request whose prompt a job tokenizes (app/prompt_job.py)
 
     # -- the connection's work budget (app/budget.py) -----------------------------------------
     def charge(self, tokens: int) -> None:
@@ -115,8 +114,8 @@ class Call:
         self.cost += tokens
 
     def inline(self) -> bool:
-        """May this message's work run here, on the reader thread (at most one slice of it)?"""
-        return self.estimate <= self.config.work_slice_tokens
+        """May this message's tokenizing run here, on the reader thread (at most one slice of it)?"""
+        return self.tokenizing_work <= self.config.work_slice_tokens
 
     def settle_later(self):
         """The work runs as a job: the estimate stays charged until the returned settle(tokens)."""
@@ -151,7 +150,15 @@ class Call:
         """Run an engine request, the one way in: the prompt (text or token ids) and SamplingParams
         are validated, the request is admitted (the engine queue's limits, then this connection's)
         and enqueued. First `accepted(seq)` is sent (an `accepted` reply) if given, then
-        format_output(id, out) -> the messages for each engine output (none, to answer only at the end)."""
+        format_output(id, out) -> the messages for each engine output (none, to answer only at the end).
+
+        `prompt` may also be a generator of steps that returns the token ids (seam.chat_prompt_steps):
+        run here if its text fits a slice (inline()), else by the job runner, which submits the
+        request from its last slice (app/prompt_job.py)."""
+        if inspect.isgenerator(prompt):
+            if not self.inline():
+                return start_tokenizing(self, prompt, params, format_output, accepted)
+            prompt = drain(prompt)
         self.conn.start_request(self, prompt, params, format_output, accepted)
 
 
@@ -172,6 +179,7 @@ class Connection:
         self.request_tokens: dict[object, int] = {}  # client id -> its prompt tokens
         self.jobs: set[object] = set()         # client ids of jobs in flight
         self.sliced: set[object] = set()       # ... of them, at-once work run as a job (Call.sliced)
+        self.tokenizing: set[object] = set()   # client ids of requests whose prompt a job tokenizes
         self.lock = threading.Lock()
         self.closed = False                    # the reader stops
         self.dropped = False                   # nothing more is queued: the socket is gone
@@ -227,14 +235,16 @@ class Connection:
             self._end(1001, "the server is shutting down")
             return
         with self.lock:
-            busy = bool(self.requests or self.jobs or self.outbox_bytes)
+            busy = bool(self.requests or self.tokenizing or self.jobs or self.outbox_bytes)
         if not busy and time.monotonic() - self.last_heard > self.config.idle_timeout_s:
             self._end(IDLE_CLOSE_CODE, "idle")
 
     def _end(self, code: int, reason: str) -> None:
         """Close from the reader thread: abort what is in flight (each request's `done` with
-        finish_reason abort still reaches the client), then say goodbye."""
-        self._abort_all()
+        finish_reason abort, or `aborted` for one whose prompt was being tokenized, still reaches
+        the client), then say goodbye."""
+        for mid in self._abort_all():
+            self.send(aborted_while_tokenizing(mid))
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             with self.lock:
@@ -244,14 +254,19 @@ class Connection:
         self.outbox.put(("close", code, reason))
         self.closed = True
 
-    def _abort_all(self) -> None:
+    def _abort_all(self) -> list:
+        """Abort every request and drop every job; -> the ids of requests whose prompt was still
+        being tokenized (they had no engine request yet)."""
         with self.lock:
             leftover = [(self.loops.get(mid, self.runtime.loop), rid) for mid, rid in self.requests.items()]
             self.jobs.clear()               # each request is popped when its done arrives
             self.sliced.clear()
+            tokenizing = list(self.tokenizing)
+            self.tokenizing.clear()         # its job is dropped below; its last slice then enqueues nothing
         for loop, request_id in leftover:
             loop.abort(request_id)
         self.runtime.jobs.cancel_owner(self)
+        return tokenizing
 
     def close(self) -> None:
         self.closed = True
@@ -266,18 +281,27 @@ class Connection:
         replies pass max_outbox_bytes has stopped reading: it is cut off."""
         text = json.dumps(message)
         with self.lock:
-            if self.dropped:
-                return
-            self.outbox_bytes += len(text)
-            over = self.outbox_bytes > self.config.max_outbox_bytes
-            self.dropped = over                # the first send over the limit cuts; later ones return above
+            over = self._queue(text)
         if over:
-            log.warning("a client stopped reading (%d bytes queued, max_outbox_bytes); cutting it off",
-                        self.outbox_bytes)
-            self.runtime.count_cut_off("max_outbox_bytes")
-            self.cut()
-            return
-        self.outbox.put(text)
+            self._cut_off()
+
+    def _queue(self, text: str) -> bool:
+        """Queue a text for the writer, under self.lock; True if it took the client over
+        max_outbox_bytes (then call _cut_off, outside the lock)."""
+        if self.dropped:
+            return False
+        self.outbox_bytes += len(text)
+        over = self.outbox_bytes > self.config.max_outbox_bytes
+        self.dropped = over                    # the first send over the limit cuts; later ones return above
+        if not over:
+            self.outbox.put(text)
+        return over
+
+    def _cut_off(self) -> None:
+        log.warning("a client stopped reading (%d bytes queued, max_outbox_bytes); cutting it off",
+                    self.outbox_bytes)
+        self.runtime.count_cut_off("max_outbox_bytes")
+        self.cut()
 
     def cut(self) -> None:
         """Drop the connection at once, from any thread (a shutdown of the socket unblocks the
@@ -298,10 +322,11 @@ class Connection:
             if msg["type"] == "abort":
                 return self.abort(mid)
             with self.lock:
-                if mid in self.requests or mid in self.jobs:
+                if mid in self.requests or mid in self.jobs or mid in self.tokenizing:
                     raise ProtocolError("invalid_request", f"a request with id {mid!r} is still running", "id")
             call = Call(self, msg)
-            estimate = work_estimate(msg, self.config, self.runtime.template_bytes)
+            call.tokenizing_work = tokenizing_estimate(msg, self.runtime.template_bytes)
+            estimate = message_estimate(msg, self.config, self.runtime.template_bytes)
             call.estimate = self.budget.take(estimate, mid, f"this {msg['type']} message")
             try:
                 MESSAGE_TYPES[msg["type"]].handle(call)
@@ -322,10 +347,15 @@ class Connection:
             request_id = self.requests.get(mid)
             loop = self.loops.get(mid, self.runtime.loop)
             is_job = mid in self.jobs
+            tokenizing = self.withdraw(mid, locked=True)
             self.jobs.discard(mid)
             self.sliced.discard(mid)
         if request_id is not None:
             loop.abort(request_id)                   # the stream ends with done, finish_reason abort
+        elif tokenizing:                             # no request yet: its job is dropped (no engine state)
+            self.runtime.jobs.cancel(self, mid)
+            self.runtime.loop.wake()                 # ... at the runner's next turn, now
+            self.send(aborted_while_tokenizing(mid))
         elif is_job:
             self.runtime.jobs.cancel(self, mid)
             self.send(ProtocolError("aborted", "the job was aborted", None, mid).as_message())
@@ -364,37 +394,68 @@ class Connection:
         if self.member is not None:             # a room's student: the room's rules and engine
             room, student = self.member
             return room_messages.start_request(self, room, student, call, prompt, params, format_output, accepted)
+        loop = self.runtime.loop
+        seq = loop.prepare(prompt, params)
+        call.charge(request_cost(seq, params))
+        self.hold_request(call, seq, accepted, format_output, lambda listener: loop.enqueue(seq, listener))
+
+    def hold_request(self, call: Call, seq, accepted, format_output, enqueue, loop=None) -> None:
+        """Count a request in against this connection's limits (overloaded past them), queue its
+        `accepted` reply (accepted(seq), if given: before any output) and enqueue(listener) it, as
+        one step under the connection's lock: an abort finds either a prompt still tokenizing or
+        a request already in its engine's queue, never one between (whose Abort would overtake
+        it). loop: the room engine's EngineLoop that runs it, if not the server's. Raises
+        Withdrawn for a prompt tokenized by a job and aborted meanwhile."""
         mid = call.id
-        seq = self.runtime.loop.prepare(prompt, params)
-        call.charge(seq.num_prompt_tokens + stop_cost(getattr(params, "stop", None), params.max_tokens))  # beams: no stop   # app/budget.py
-        self.hold_request(mid, seq)
-        if accepted is not None:
-            self.send({"type": "accepted", "id": mid, **accepted(seq)})  # before any output can be queued
+        reply = None if accepted is None else json.dumps({"type": "accepted", "id": mid, **accepted(seq)})
 
         def listener(out) -> None:  # on the engine loop's thread: only queue it
             self.release_request(mid, out)
             for message in format_output(mid, out):
                 self.send(message)
-        self.runtime.loop.enqueue(seq, listener)
-
-    def hold_request(self, mid, seq, loop=None) -> None:
-        """Count a request in against this connection's limits (overloaded past them); loop: the
-        room engine's EngineLoop that runs it, if not the server's."""
         with self.lock:
-            if len(self.requests) >= self.config.max_requests_per_connection:
-                raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
-                                                  "running on this connection (max_requests_per_connection)",
-                                    "connection")
-            held = sum(self.request_tokens.values())
-            if held and held + seq.num_prompt_tokens > self.config.max_tokens_per_connection:
-                raise ProtocolError("overloaded", f"this connection's requests in flight already hold {held} prompt "
-                                                  f"tokens (max_tokens_per_connection "
-                                                  f"{self.config.max_tokens_per_connection}); wait for them to finish",
-                                    "connection")
+            if call.tokenized_by_job and mid not in self.tokenizing:
+                raise Withdrawn(mid)
+            self._check_request_limits(seq.num_prompt_tokens, others=len(self.tokenizing - {mid}))
+            self.tokenizing.discard(mid)
             self.requests[mid] = seq.request_id
             self.request_tokens[mid] = seq.num_prompt_tokens
             if loop is not None:
                 self.loops[mid] = loop
+            over = reply is not None and self._queue(reply)
+            enqueue(listener)
+        if over:
+            self._cut_off()
+
+    def hold_tokenizing(self, mid) -> None:
+        """Count in a request whose prompt a job is about to tokenize (overloaded past the limit):
+        it holds one of max_requests_per_connection from now on."""
+        with self.lock:
+            self._check_request_limits(0, others=len(self.tokenizing))
+            self.tokenizing.add(mid)
+
+    def withdraw(self, mid, locked: bool = False) -> bool:
+        """A prompt being tokenized no longer counts (aborted, or refused): True if it did."""
+        if locked:
+            found = mid in self.tokenizing
+            self.tokenizing.discard(mid)
+            return found
+        with self.lock:
+            return self.withdraw(mid, locked=True)
+
+    def _check_request_limits(self, prompt_tokens: int, others: int) -> None:
+        """Under self.lock: room for one more request of prompt_tokens beside those in flight and
+        `others` (prompts being tokenized)?"""
+        if len(self.requests) + others >= self.config.max_requests_per_connection:
+            raise ProtocolError("overloaded", f"{self.config.max_requests_per_connection} requests are already "
+                                              "running on this connection (max_requests_per_connection)",
+                                "connection")
+        held = sum(self.request_tokens.values())
+        if held and held + prompt_tokens > self.config.max_tokens_per_connection:
+            raise ProtocolError("overloaded", f"this connection's requests in flight already hold {held} prompt "
+                                              f"tokens (max_tokens_per_connection "
+                                              f"{self.config.max_tokens_per_connection}); wait for them to finish",
+                                "connection")
 
     def release_request(self, mid, out) -> None:
         """An output of a held request: once finished, it no longer counts."""
@@ -461,7 +522,4 @@ class Connection:
             return [{"type": "progress", "id": mid, "done": p.done, "total": p.total, "note": p.note}]
         if event.kind == "result":
             return [{"type": kind, "id": mid, **event.result}]
-        exc = event.error
-        if hasattr(exc, "code"):
-            return [ProtocolError.from_exception(exc, mid).as_message()]
-        return [ProtocolError("internal_error", "the server failed to compute this", None, mid).as_message()]
+        return [error_reply(mid, event.error)]

@@ -41,6 +41,17 @@ class ProtocolError(Exception):
         return msg
 
 
+def error_reply(id, exc: Exception) -> dict:
+    """The error message answering `id` for an exception raised off the reader's thread (in a
+    job): its code, message and param if it has them (a ProtocolError, core.errors), else
+    internal_error (a bug, which the server logs; its text stays on the server)."""
+    if isinstance(exc, ProtocolError):
+        return ProtocolError(exc.code, exc.message, exc.param, id, exc.retry_after_s).as_message()
+    if hasattr(exc, "code"):
+        return ProtocolError.from_exception(exc, id).as_message()
+    return ProtocolError("internal_error", "the server failed to compute this", None, id).as_message()
+
+
 def parse(raw, config: ServerConfig, types: dict) -> dict:
     """A text frame -> a message dict with a known type, a valid id and only known fields.
     types: message type -> its registration (with .fields), from app.widgets."""

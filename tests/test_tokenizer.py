@@ -1,9 +1,12 @@
 """The tokenizer wrapper and the chat template: ids equal to Hugging Face's, and render_chat's
-labels for every token (the tiny model shares SmolLM2's tokenizer, so most tests use it)."""
+labels for every token, and encode_steps' pieces joined equal to encode()'s ids (the tiny model
+shares SmolLM2's tokenizer, so most tests use it)."""
+
+import random
 
 import pytest
 
-from core.model.tokenizer import TokenKind
+from core.model.tokenizer import CHARS_PER_TOKEN, TokenKind
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
@@ -175,3 +178,73 @@ def test_render_chat_labels_a_long_chat(tok):
     assert rendered.token_ids == tok.apply_chat_template(messages)
     owners = {t.message for t in rendered.tokens if t.kind == TokenKind.CONTENT}
     assert owners == set(range(200))
+
+
+ENCODE_STEPS_TEXTS = {
+    "prose": "The river ran past the old mill, and the miller counted the boats as they went by. " * 12,
+    "code": ("def f(x, y=3):\n    return {'a': x ** 2, \"b\": y}  # a comment\n\nclass A:\n    pass\n"
+             "for i in range(10):\n\tprint(f(i), end='')\n") * 8,
+    "newlines": "one\ntwo\n\nthree\n \nfour   five\r\n six\n\n\n" * 20,
+    "digits": "In 2024, 3.14159 x 1000000 = 3141590 and 007 + 12345678901234567890 is 42. " * 10,
+    "unicode": ("Ünïcödé café, 日本語のテキスト, emoji 🎉🎉 and ‘quotes’ — "
+                "dashes… naïve fiancée. ") * 10,
+    "contractions": "It's what we've said: they'll go, I'm sure you'd agree, don't you? 'tis fine. " * 10,
+    "special tokens": "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\nyes it is<|im_end|>\n" * 10,
+    "spaces": "a  b   c    d\t\te  \n  f " * 30,
+}
+
+
+def run_steps(gen):
+    """-> (the steps a generator yielded, its return value)."""
+    count = 0
+    while True:
+        try:
+            next(gen)
+            count += 1
+        except StopIteration as stop:
+            return count, stop.value
+
+
+@pytest.mark.parametrize("name", sorted(ENCODE_STEPS_TEXTS))
+def test_encode_steps_gives_exactly_encodes_ids_in_several_pieces(tok, name):
+    """Cut at words' starts (Tokenizer.encode_steps), a text encodes to exactly encode()'s ids,
+    for every kind of text and piece size; a long text with places to cut takes several pieces."""
+    text = ENCODE_STEPS_TEXTS[name]
+    whole = tok.encode(text)
+    for per_step in (1, 3, 16, 64):
+        steps, ids = run_steps(tok.encode_steps(text, per_step))
+        assert ids == whole, (name, per_step)
+        assert steps >= 1
+    assert tok.cuttable                                   # SmolLM2's tokenizer: byte-level BPE, no normalizer
+    # a piece is 16 * CHARS_PER_TOKEN characters, up to the next place to cut: at least half
+    # the pieces a cut anywhere would make
+    assert run_steps(tok.encode_steps(text, 16))[0] >= len(text) // (16 * CHARS_PER_TOKEN * 2) >= 5
+
+
+def test_encode_steps_on_random_texts_of_tricky_characters(tok):
+    """Seeded texts from spaces, newlines, tabs, letters, contractions, digits, punctuation,
+    non-ASCII letters and spaces, emoji and special tokens, cut as finely as encode_steps can."""
+    alphabet = (list(" \n\t\r") + list("aZx'sdtmlrev") + list("0123456789") + list(".,;:!?-_()[]{}<>|\"")
+                + list("éü日本🎉\u00a0\u2003") + ["<|im_start|>", "<|im_end|>", "'s", "'ll", "  ", "\n\n"])
+    rng = random.Random(30)
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 120)))
+        assert run_steps(tok.encode_steps(text, 1))[1] == tok.encode(text), repr(text)
+
+
+def test_encode_steps_of_the_chat_template_output(tok):
+    everything = [{"role": "user", "content": ENCODE_STEPS_TEXTS[k]} for k in sorted(ENCODE_STEPS_TEXTS)]
+    for conv in CONVERSATIONS + [everything]:
+        text = tok.render_template(conv)
+        steps, ids = run_steps(tok.encode_steps(text, 8))
+        assert ids == tok.apply_chat_template(conv) == tok.encode(text)
+    assert steps > 10                                     # the long chat was cut many times
+    assert run_steps(tok.encode_steps("", 8)) == (0, [])
+
+
+def test_encode_steps_takes_one_piece_where_it_may_not_cut(tok, monkeypatch):
+    """A tokenizer whose pre-tokenizer is not byte-level BPE's own (Tokenizer.cuttable false):
+    the whole text in one piece."""
+    monkeypatch.setattr(tok, "cuttable", False)
+    text = ENCODE_STEPS_TEXTS["prose"]
+    assert run_steps(tok.encode_steps(text, 4)) == (1, tok.encode(text))

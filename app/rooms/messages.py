@@ -10,12 +10,14 @@
   with `room_control_ok` {action, settings}; every watcher sees the change in its next update.
 
 A member's `generate` (app/widgets/chat.py) runs on its room's engine: start_request below is
-what the connection calls instead of the serving engine's queue.
+what the connection calls instead of the serving engine's queue (and `ready` first, for a prompt
+long enough to be tokenized by a job: app/prompt_job.py).
 """
 
 from core.engine.sampling_params import SamplingParams
 from core.errors import InvalidParameter
 
+from ..budget import request_cost
 from ..widgets.base import message
 from . import codes
 from .errors import RoomError, not_found
@@ -90,23 +92,24 @@ def send_all(call, room) -> dict:
     return {"sent": len(sent), "skipped": skipped}
 
 
+def ready(conn, room, student: str) -> None:
+    """Before a member's long prompt is tokenized by a job (app/prompt_job.py): the room's rules
+    now, and the room's engine started here, on the reader's thread (building an engine is no
+    slice's work on the serving engine's thread, where the request is later prepared)."""
+    room.ready(conn.runtime.engine, student)
+
+
 def start_request(conn, room, student: str, call, prompt, params, format_output, accepted) -> None:
     """A member's generate: the room's rules, then its engine; outputs stream to the connection."""
     engine, seq, record = room.prepare(conn.runtime.engine, student, prompt, params)
-    mid = call.id
+    call.charge(request_cost(seq, params))        # priced as any request (app/budget.py)
+    in_room = None if accepted is None else (lambda s: {"room": room.code, "request": record.id, **accepted(s)})
     try:
-        conn.hold_request(mid, seq, engine.loop)
+        conn.hold_request(call, seq, in_room, format_output,
+                          lambda listener: room.enqueue(engine, seq, record, listener), engine.loop)
     except Exception:
         room.forget(record, engine)
         raise
-    if accepted is not None:
-        conn.send({"type": "accepted", "id": mid, "room": room.code, "request": record.id, **accepted(seq)})
-
-    def listener(out) -> None:
-        conn.release_request(mid, out)
-        for item in format_output(mid, out):
-            conn.send(item)
-    room.enqueue(engine, seq, record, listener)
 
 
 MESSAGES = (

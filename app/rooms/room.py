@@ -87,6 +87,13 @@ class Room:
             raise RoomError("room_limit", "room", f"you have sent {c.room_max_requests_per_student} requests "
                                                   "in this room (room_max_requests_per_student)")
 
+    def ready(self, base_engine, student: str) -> None:
+        """The room's rules for one more request from `student` (named errors), and its engine
+        started: for a request whose prompt is tokenized before prepare() (which checks again)."""
+        with self.lock:
+            self.admit(student)
+            self._engine(base_engine)
+
     def prepare(self, base_engine, student: str, prompt, params) -> tuple[RoomEngine, object, Record]:
         """Admit one request under the room's rules and validate it on the room's engine.
         -> (engine, the engine's Sequence, its record); enqueue() then starts it."""

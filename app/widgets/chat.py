@@ -4,9 +4,14 @@ Messages: `generate` {messages | prompt, max_tokens, temperature, top_k, top_p, 
 beam_width, length_penalty} -> `accepted`, then `token` per token and `done` (finish reason,
 cached tokens, timings and the request's timeline of engine steps); with n > 1 samples, each
 token says which `sample` it belongs to and `done` lists every sample's ending; with beam_width,
-a beam search (core/engine/beam_search.py): no tokens, and `done` lists the beams best first; `template` {messages} -> the chat template's tokens, each
-labelled with where it came from (a long chat as a job, in slices: see `template`). The prompt comes from the seam's `chat_prompt`, as the stepper's
-of section 7 (`generation`) does.
+a beam search (core/engine/beam_search.py): no tokens, and `done` lists the beams best first;
+`template` {messages} -> the chat template's tokens, each labelled with where it came from.
+
+A long chat is never rendered and tokenized on the reader's thread beside the engine: a
+`template` estimated over `work_slice_tokens` tokens is answered by a job, in slices (see
+`template`), and so is a long `generate`'s prompt before its request is submitted (the seam's
+`chat_prompt_steps`, run by app/prompt_job.py), with the same replies. The prompt comes from the
+seam, as the stepper's of section 7 (`generation`) does.
 """
 
 from core.engine.beam_search import BeamSearchParams
@@ -16,7 +21,7 @@ from core.errors import InvalidParameter, is_int
 from core.model.tokenizer import drain
 
 from .base import Widget, message
-from .seam import chat_messages, chat_prompt, ms, pieces_steps
+from .seam import chat_messages, chat_prompt_steps, ms, pieces_steps
 
 
 def sampling_params(msg: dict, config, **extra) -> SamplingParams:
@@ -146,7 +151,7 @@ def stream_messages(tokenizer):
 
 
 def generate(call) -> None:
-    prompt = chat_prompt(call)
+    prompt = chat_prompt_steps(call)      # a long prompt is tokenized by a job, not here (Call.submit)
     beams = beam_params(call.msg, call.config)
     if beams is not None:
         call.submit(prompt, beams, beam_messages(call.tokenizer), accepted=lambda seq: {

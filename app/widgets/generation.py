@@ -23,7 +23,7 @@ from core.engine.sampling_params import MAX_SEED, MAX_TOP_CANDIDATES, SamplingPa
 from core.errors import InvalidParameter, is_int
 
 from .base import Widget, integer, message
-from .seam import chat_prompt
+from .seam import chat_prompt_steps
 
 DEFAULT_TOP = 10
 
@@ -42,12 +42,15 @@ def chosen_tokens(msg: dict, vocab_size: int, limit: int) -> list[int]:
     return tokens
 
 
-def prompt_ids(call) -> list[int]:
-    prompt = chat_prompt(call)                 # a string, or the chat template's ids
-    ids = call.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-    if not ids:
+def step_prompt(steps, tokens: list[int], prompt: list[int]):
+    """The step's prompt ids in steps: the text's (or the chat template's, from `steps`, the
+    seam's chat_prompt_steps), then `tokens`; `prompt` is filled with the text's ids on the way
+    (the reply shows them). Call.submit runs it, on the reader's thread or, for a long text, as
+    a job."""
+    prompt.extend((yield from steps))
+    if not prompt:
         raise InvalidParameter("prompt", "has no tokens")
-    return ids
+    return prompt + tokens
 
 
 def step_params(msg: dict, step: int, top: int) -> SamplingParams:
@@ -102,11 +105,12 @@ def error_message(mid, code: str, text: str) -> dict:
 
 
 def next_token(call) -> None:
-    prompt = prompt_ids(call)
+    steps = chat_prompt_steps(call)            # `prompt` or `messages` checked now, tokenized in submit
     tokens = chosen_tokens(call.msg, call.info["vocab_size"], call.config.max_tokens_limit)
     top = integer(call.msg, "top", 1, MAX_TOP_CANDIDATES, default=DEFAULT_TOP)
     params = step_params(call.msg, len(tokens), top)
     tokenizer, block_size = call.tokenizer, call.info["block_size"]
+    prompt: list[int] = []                     # the text's ids, once tokenized (step_prompt)
 
     def answer(mid, out: RequestOutput) -> list[dict]:   # on the writer thread, once per engine output
         if out.error:
@@ -118,7 +122,7 @@ def next_token(call) -> None:
         return [{"type": "next_token", "id": mid,
                  **step_reply(out, tokenizer, prompt, tokens, top, params, block_size)}]
 
-    call.submit(prompt + tokens, params, answer)
+    call.submit(step_prompt(steps, tokens, prompt), params, answer)
 
 
 WIDGET = Widget("generation", messages=(

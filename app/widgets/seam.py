@@ -14,7 +14,8 @@ What lives here:
 - `filler_ids()`, `read_bandwidth()`: a prompt of plain prose of any length; memory read bandwidth.
 - `token_list()`, `pieces()`, `pieces_steps()`, `lone_piece()`: tokens as {id, text} for a reply
   (pieces_steps: in slices, for a job).
-- `chat_prompt()`: a message's prompt, from `messages` (the chat template) or `prompt`.
+- `chat_prompt_steps()`: a message's prompt as token ids, from `messages` (the chat template) or
+  `prompt`, in steps (Call.submit runs them: a long prompt as a job, never on the reader's thread).
 """
 
 import os
@@ -134,14 +135,23 @@ def chat_messages(msg: dict, config) -> list[dict]:
     return messages
 
 
-def chat_prompt(call):
-    """The prompt of a message with either `messages` (rendered by the chat template) or `prompt`."""
+def chat_prompt_steps(call):
+    """The token ids of a message's prompt, `messages` (rendered by the chat template) or
+    `prompt`, in steps: the fields are checked now; the generator it returns renders the chat
+    template (one step), then encodes the text about `work_slice_tokens` tokens of work a step
+    (Tokenizer.encode_steps), and returns the ids. Call.submit runs it, at once or as a job."""
     msg = call.msg
     has_messages, has_prompt = "messages" in msg, "prompt" in msg
     if has_messages == has_prompt:
         raise InvalidParameter("messages", "give either messages or prompt, not both or neither")
-    if has_prompt:
-        if not isinstance(msg["prompt"], str) or not msg["prompt"]:
-            raise InvalidParameter("prompt", "must be a non-empty string")
-        return msg["prompt"]
-    return call.tokenizer.apply_chat_template(chat_messages(msg, call.config))
+    if has_prompt and (not isinstance(msg["prompt"], str) or not msg["prompt"]):
+        raise InvalidParameter("prompt", "must be a non-empty string")
+    messages = None if has_prompt else chat_messages(msg, call.config)
+    tokenizer, per_step = call.tokenizer, call.config.work_slice_tokens
+
+    def steps():
+        text = msg["prompt"] if messages is None else tokenizer.render_template(messages)
+        if messages is not None:
+            yield None                         # the template rendered: a step of its own
+        return (yield from tokenizer.encode_steps(text, per_step))
+    return steps()

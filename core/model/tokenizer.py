@@ -5,9 +5,15 @@ Wraps the Hugging Face fast tokenizer that toy_models builds from the GGUF file 
 the message content it came from, the role wrapper around it (`<|im_start|>user\n` ...), text the
 template inserts on its own (SmolLM2's default system prompt), the generation prompt that invites
 the assistant's turn, and special tokens.
+
+`encode_steps` encodes a long text in pieces, for a job that must not hold the engine's thread
+for one long tokenizer call: it cuts the text only where byte-level BPE's pre-tokenizer (GPT-2's
+split regex, Radford et al., 2019) always begins a new word, so the pieces' ids joined are
+exactly the whole text's.
 """
 
 import bisect
+import re
 import threading
 from dataclasses import dataclass
 from enum import Enum
@@ -42,6 +48,14 @@ class RenderedChat:
 CHARS_PER_TOKEN = 4        # about this many characters a token of English text: a step's characters per token of work
 
 
+# Where GPT-2's pre-tokenizer regex (`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
+# \s+(?!\S)|\s+`) always starts a new word, whatever follows: before a space that follows a
+# non-space and precedes a letter (the word " The" starts at the space), and after a newline that
+# follows a non-space and precedes one (the newline is a word of its own). Only ASCII is trusted
+# on both sides, so Unicode's idea of a space and Python's cannot differ there.
+_WORD_START = re.compile(r"(?<=[!-~])(?= [A-Za-z])|(?<=[!-~]\n)(?=[!-~])")
+
+
 def drain(steps):
     """Run a generator of steps to its end; its return value."""
     while True:
@@ -65,6 +79,7 @@ class Tokenizer:
         self.special_ids = {i for i, t in hf_tokenizer.added_tokens_decoder.items() if t.special}
         self.special_strings = sorted((hf_tokenizer.added_tokens_decoder[i].content for i in self.special_ids),
                                       key=len, reverse=True)
+        self.cuttable = _cuttable(hf_tokenizer)      # encode_steps may cut a text at word starts
 
     @classmethod
     def from_dir(cls, path) -> "Tokenizer":
@@ -74,6 +89,20 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         with self._lock:
             return self.hf.encode(text, add_special_tokens=False)
+
+    def encode_steps(self, text: str, per_step: int):
+        """encode() as a generator that yields after each piece of about `per_step` tokens of work
+        (CHARS_PER_TOKEN characters a token); returns the ids, exactly encode(text)'s. A text with
+        no place to cut safely (or a tokenizer whose pre-tokenizer is not byte-level BPE's) is one
+        piece."""
+        size, ids, start = max(1, per_step) * CHARS_PER_TOKEN, [], 0
+        while start < len(text):
+            cut = _WORD_START.search(text, start + size) if self.cuttable and start + size < len(text) else None
+            end = cut.start() if cut is not None else len(text)
+            ids += self.encode(text[start:end])
+            start = end
+            yield None
+        return ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         with self._lock:
@@ -215,3 +244,20 @@ def validate_messages(messages) -> list[dict]:
         if not isinstance(m["content"], str):
             raise InvalidParameter(f"messages[{i}].content", "must be a string")
     return messages
+
+
+def _cuttable(hf_tokenizer) -> bool:
+    """May a text be encoded in pieces cut at _WORD_START? Only where the pieces cannot encode
+    differently from the whole: no normalizer, byte-level BPE's own pre-tokenizer (its regex, no
+    prefix space), and no added token with whitespace in it or that strips the whitespace beside
+    it (an added token is matched before pre-tokenization, so one holding or eating a space or a
+    newline could straddle a cut)."""
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        return False
+    from tokenizers import pre_tokenizers
+    pre = backend.pre_tokenizer
+    if not isinstance(pre, pre_tokenizers.ByteLevel) or not pre.use_regex or pre.add_prefix_space:
+        return False
+    return not any(t.lstrip or t.rstrip or any(c.isspace() for c in t.content)
+                   for t in hf_tokenizer.added_tokens_decoder.values())

@@ -264,3 +264,26 @@ def test_forty_students_behind_one_address_join_and_chat_and_a_stranger_is_still
         for ws in clients:
             ws.close()
         server.stop()
+
+
+def test_a_members_long_prompt_is_tokenized_by_a_job_with_the_same_replies(srv, room, monkeypatch):
+    """A chat over work_slice_tokens is tokenized by the job runner (app/prompt_job.py), then runs
+    on the room's engine with the same replies as the same chat tokenized inline."""
+    code, _, connect = room
+    ada = connect(join(srv, code, "Ada"))
+    runtime = srv.app.extensions["sendlens"]
+    messages = [{"role": "user", "content": "The miller counted the boats on the river, one by one.\n" * 20}]
+    jobs = runtime.jobs.stats()["completed"]
+    sliced = ada.finish(ada.start(messages=messages, temperature=0.0))
+    by_job = runtime.jobs.stats()["completed"] - jobs
+    monkeypatch.setattr(runtime.config, "work_slice_tokens", 1 << 20)       # the same chat, inline
+    inline = ada.finish(ada.start(messages=messages, temperature=0.0))
+    assert by_job == 1 and runtime.jobs.stats()["completed"] - jobs == 1
+    assert sliced.error is None and inline.error is None, (sliced.error, inline.error)
+    assert sliced.token_ids == inline.token_ids and sliced.accepted["room"] == code
+    same = ("finish_reason", "stop_reason", "prompt_tokens", "completion_tokens", "text")
+    assert {k: sliced.done[k] for k in same} == {k: inline.done[k] for k in same}
+    assert {k: v for k, v in sliced.accepted.items() if k not in ("id", "request")} == \
+           {k: v for k, v in inline.accepted.items() if k not in ("id", "request")}
+    assert sliced.accepted["prompt_tokens"] == len(runtime.engine.view.tokenizer.apply_chat_template(messages))
+    assert runtime.loop.stats()["steps"] == 0                                 # the room's engine ran both
