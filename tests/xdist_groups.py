@@ -14,6 +14,7 @@ first schedules, after every worker has collected.
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -48,8 +49,7 @@ class Controller:
         return GroupScheduling(config, log, self.path) if config.getvalue("dist") == "loadgroup" else None
 
     def pytest_unconfigure(self, config) -> None:
-        self.path.unlink(missing_ok=True)
-        self.path.parent.rmdir()
+        shutil.rmtree(self.path.parent, ignore_errors=True)   # with a worker's half-written file, if one died
 
 
 def configure(config) -> None:

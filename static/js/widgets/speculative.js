@@ -139,7 +139,7 @@ function measure(ctx, job, v, run) {
     running: "Decoding the prompt, plain and speculative…",
     onProgress: (p) => `Measuring ${p.note} (${p.done} of ${p.total})…`,
     render: (r) => render(v, r),
-    done: (r) => `Ran plain decoding and ${r.sweep.ngram.length * 2 + 1} speculative runs.`,
+    done: (r) => `Ran plain decoding and ${Object.values(r.sweep).reduce((n, rows) => n + rows.length, 0)} speculative runs (the chosen draft and k among them).`,
   });
 }
 
