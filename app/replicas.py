@@ -10,8 +10,8 @@ lives on the replica that made it, and its code says which: its first symbol is 
 31-symbol alphabet), the other seven are random. nginx reads the code from `/room/<code>...` or
 from the websocket's `?room=<code>` and sends the request to that replica's own upstream: no
 lookup, no sticky sessions, and a code routes the same on every balancer of a deployment. (The
-code's entropy drops from 8 to 7 random symbols, about 34.7 bits; docs/deploy.md works out that
-guessing stays hopeless.) app/shared/routes.py keeps the same mapping in Redis, so codes stay
+code's entropy drops from 8 to 7 random symbols, about 34.7 bits; docs/deploy.md works out what
+that costs against guessing.) app/shared/routes.py keeps the same mapping in Redis, so codes stay
 unique even if two replicas were given one id by mistake.
 
 The proxying: HTTP/1.1 with the Upgrade and Connection headers passed on (websockets), the Host
