@@ -124,7 +124,8 @@ def measure(deployment: Deployment, clients: int, seconds: float, max_tokens: in
             "computed": delta("completed"), "cache_hits": delta("cache_hits"), "shared_hits": delta("shared_hits"),
             "errors": counts.errors,
             "per_replica": {r: {"completed": after[r]["jobs"]["completed"] - before[r]["jobs"]["completed"],
-                                "shared_hits": after[r]["jobs"]["shared_hits"] - before[r]["jobs"]["shared_hits"]}
+                                "shared_hits": after[r]["jobs"]["shared_hits"] - before[r]["jobs"]["shared_hits"],
+                                "rss_bytes": after[r]["process"]["rss_bytes"]}
                             for r in after}}
 
 

@@ -156,3 +156,28 @@ def test_a_crashed_replicas_seats_come_back_when_its_lease_runs_out(replicas):
     finally:
         crashed.close()
         alive.close()
+
+
+def test_bench_load_measures_through_the_balancer(quiet):
+    from bench import balancer
+    row = balancer.measure(quiet, clients=4, seconds=2, max_tokens=4)
+    assert row["replicas"] == 2 and row["held"] == 4 and row["refused"] == 0
+    assert row["jobs"] >= 4 and row["chats"] >= 4 and "lost" not in row["errors"]
+    assert row["computed"] >= 1 and row["computed"] == sum(r["completed"] for r in row["per_replica"].values())
+    assert row["shared_hits"] == sum(r["shared_hits"] for r in row["per_replica"].values())
+
+
+def test_the_comparison_table_goes_between_the_replicas_markers(tmp_path):
+    from bench import balancer
+    rows = [{"deployment": name, "replicas": n, "clients": 10, "held": held, "refused": 10 - held, "jobs_per_s": 1.5,
+             "chats_per_s": 1.0, "computed": 3, "cache_hits": 7, "shared_hits": shared, "errors": errors}
+            for name, n, held, shared, errors in (("1 server alone", 1, 8, 0, {}),
+                                                  ("2 replicas behind nginx, Redis", 2, 10, 4, {"overloaded": 2}))]
+    text = balancer.table({"date": "2026-12-04", "clients": 10, "seconds": 5, "model": "tiny", "max_tokens": 8,
+                           "rows": rows})
+    assert "| 1 server alone | 8 of 10 | 2 | 1.5 | 1.0 | 3 | 7 | 0 | none |" in text
+    assert "| 2 replicas behind nginx, Redis | 10 of 10 | 0 | 1.5 | 1.0 | 3 | 7 | 4 | 2 `overloaded` |" in text
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{balancer.BEGIN}\nold\n{balancer.END}\ny\n")
+    balancer.write_readme(text, readme)
+    assert readme.read_text() == f"x\n{balancer.BEGIN}\n{text}\n{balancer.END}\ny\n"

@@ -26,7 +26,10 @@ class RedisLink:
         self.errors = (redis.RedisError, OSError)
         self.instance = f"{replica_id}-{secrets.token_hex(4)}"
         self.lease_s = lease_s
-        self.client.ping()                         # a wrong redis_url fails the start, not the first reader
+        try:
+            self.client.ping()                     # a wrong redis_url fails the start, not the first reader
+        except self.errors as exc:
+            raise RuntimeError(f"redis_url: Redis does not answer ({exc})") from None
         self._stop = threading.Event()
         self.renew()
         self._thread = threading.Thread(target=self._run, name="sendlens-lease", daemon=True)
