@@ -119,7 +119,9 @@ class Deployment:
         argv = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port), "--model", self.model]
         for name, value in settings.items():
             argv += ["--setting", name, str(value)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SENDLENS_")}
+        from app.config import ENV_PREFIX, settings
+        ours = {ENV_PREFIX + name.upper() for name in settings()}   # settings come from argv only (SENDLENS_CACHE stays)
+        env = {k: v for k, v in os.environ.items() if k not in ours}
         env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
         proc, log = self._spawn(f"replica-{rid or 'alone'}", argv, env)
         self.replica_urls[rid] = f"http://127.0.0.1:{port}"
