@@ -149,3 +149,39 @@ def test_deploy_holds_what_the_generator_writes():
         "80", {"1": "127.0.0.1:8001", "2": "127.0.0.1:8002"})
     assert (ROOT / "deploy/nginx-compose.conf").read_text() == http_block(
         "80", {"1": "replica1:8000", "2": "replica2:8000"})
+
+
+def test_an_unreachable_redis_stops_the_start_without_naming_its_url():
+    from app.shared.redis_link import RedisLink
+    with pytest.raises(RuntimeError, match="redis_url: Redis does not answer") as raised:
+        RedisLink("redis://:secret@127.0.0.1:1/0", "1", 15)
+    assert "secret" not in str(raised.value)
+
+
+def test_a_redis_that_fails_later_is_a_miss_and_seats_count_on_this_replica(caplog):
+    import redis
+
+    from app.shared.cache import RedisCache
+    from app.shared.redis_link import client_for
+    from app.shared.routes import RedisRoutes
+    from app.shared.seats import RedisSeats
+
+    class DeadLink:            # what RedisLink holds, on a port nobody listens on
+        client = client_for("redis://127.0.0.1:1/0")
+        errors = (redis.RedisError, OSError)
+        instance, lease_s = "1-test", 15
+
+        @staticmethod
+        def key(kind, name):
+            return f"sendlens:{kind}:{name}"
+    cache = RedisCache(DeadLink, 60)
+    assert cache.get("k") is None
+    cache.put("k", {"x": 1})
+    cache.flush()
+    cache.close()
+    seats, seat = RedisSeats(DeadLink), Seat("address:192.0.2.9", 1, "max_connections_per_address")
+    assert seats.acquire(seat) and not seats.acquire(seat)
+    seats.release(seat)
+    assert seats.acquire(seat)
+    assert RedisRoutes(DeadLink).claim("2ABCDEFG", "1") and RedisRoutes(DeadLink).owner("2ABCDEFG") is None
+    assert any("unreachable" in r.message for r in caplog.records)

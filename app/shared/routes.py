@@ -8,7 +8,10 @@ across every replica (`claim` fails for a code another has taken) and says who o
 server alone); RedisRoutes keeps `sendlens:room:<code>` -> replica id, set only if absent (SET NX).
 """
 
+import logging
 import threading
+
+log = logging.getLogger(__name__)
 
 
 class LocalRoutes:
@@ -27,16 +30,27 @@ class LocalRoutes:
 
 
 class RedisRoutes:
+    """Routes in Redis. A Redis that fails lets the claim through: the code's symbol and this
+    replica's own store already keep its codes apart from the other replicas' (a teacher can
+    still open a room)."""
+
     def __init__(self, link):
         self.link = link
 
     def claim(self, code: str, replica: str) -> bool:
         key = self.link.key("room", code)
-        if self.link.client.set(key, replica, nx=True):
+        try:
+            if self.link.client.set(key, replica, nx=True):
+                return True
+            held = self.link.client.get(key)
+        except self.link.errors as exc:
+            log.warning("the rooms' routes are unreachable (%s); room %s is not recorded", exc, code)
             return True
-        held = self.link.client.get(key)
         return held is not None and held.decode() == replica
 
     def owner(self, code: str) -> str | None:
-        held = self.link.client.get(self.link.key("room", code))
+        try:
+            held = self.link.client.get(self.link.key("room", code))
+        except self.link.errors:
+            return None
         return None if held is None else held.decode()
