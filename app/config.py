@@ -73,6 +73,7 @@ class ServerConfig:
     client_address_header: str = "X-Forwarded-For"  # the header a trusted proxy names the client's address in
     # -- pages --
     bench_results: str = "bench/results/latest.json"  # the benchmark's JSON shown at /benchmark (relative: to the project root)
+    recordings_dir: str = ""              # recordings an embed falls back on (python -m app.export's DIR/recordings); empty: none
     testing: bool = False
 
     def __post_init__(self):

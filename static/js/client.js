@@ -44,6 +44,10 @@ class Client {
     this.hello = null;             // the server's hello: model facts and limits
     this.helloWaiters = [];
     this.statusListeners = new Set();
+    this.helloListeners = new Set();
+    this.refusal = null;           // an error without an id on this connection (overloaded: full)
+    this.opened = false;           // did this connection open?
+    this.closeReason = null;       // why the last connection ended: "overloaded", "unreachable" or "closed"
     this.counter = 0;
     this.backoff = 500;
     this.status = "connecting";
@@ -57,8 +61,10 @@ class Client {
     this.setStatus("connecting");
     const ws = new WebSocket(this.url);
     this.ws = ws;
+    this.refusal = null;
+    this.opened = false;
     ws.addEventListener("open", () => {
-      this.backoff = 500;
+      this.opened = true;
       this.setStatus("open");
       for (const text of this.outbox.splice(0)) ws.send(text);
     });
@@ -71,6 +77,7 @@ class Client {
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });
       }
       this.pending.clear();
+      this.closeReason = this.refusal?.code === "overloaded" ? "overloaded" : this.opened ? "closed" : "unreachable";
       if (event.code === IDLE_CLOSE) {
         // The server closed a quiet connection: reconnect only when a widget next needs it.
         this.hello = null;
@@ -100,12 +107,17 @@ class Client {
       this.requestTypes = new Set(msg.request_types || ["generate"]);
       this.gates.job.setLimit(msg.limits?.max_jobs_per_connection ?? 1);
       this.gates.generate.setLimit(msg.limits?.max_requests_per_connection ?? 1);
+      this.backoff = 500;   // admitted: a refusal (overloaded, then closed) keeps backing off
       for (const resolve of this.helloWaiters.splice(0)) resolve(msg);
+      for (const fn of this.helloListeners) fn(msg);
       return;
     }
     const entry = msg.id !== null && msg.id !== undefined ? this.pending.get(msg.id) : undefined;
     if (!entry) {
-      if (msg.type === "error") console.warn("sendlens server:", msg.message);
+      if (msg.type === "error") {
+        if (msg.id === null || msg.id === undefined) this.refusal = msg;
+        console.warn("sendlens server:", msg.message);
+      }
       return;
     }
     if (retryable(msg, entry)) {
@@ -190,23 +202,38 @@ class Client {
   // A request with one reply (template, tokenize, jobs ...): resolves with it, rejects on error.
   // options.onProgress(msg) hears the job's progress messages; options.signal (AbortSignal) aborts it.
   call(body, options = {}) {
-    return new Promise((resolve, reject) => {
-      const handle = this.request(body, (msg) => {
-        if (msg.type === "progress") options.onProgress?.(msg);
-        else if (msg.type === "waiting") options.onWaiting?.(msg);
-        else if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
-        else resolve(msg);
-      });
-      options.signal?.addEventListener("abort", () => handle.abort(), { once: true });
-    });
+    return callVia(this, body, options);
   }
+
+  // fn(hello) on every hello, that is each time a connection is made and the server admits it.
+  // Returns the function that stops listening.
+  onHello(fn) {
+    this.helloListeners.add(fn);
+    return () => this.helloListeners.delete(fn);
+  }
+}
+
+// `call` over any client's request(body, onMessage): shared by this client and the recorded ones
+// (static/js/recorded.js), so that every client answers a widget's call alike.
+export function callVia(client, body, options = {}) {
+  return new Promise((resolve, reject) => {
+    const handle = client.request(body, (msg) => {
+      if (msg.type === "progress") options.onProgress?.(msg);
+      else if (msg.type === "waiting") options.onWaiting?.(msg);
+      else if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
+      else resolve(msg);
+    });
+    options.signal?.addEventListener("abort", () => handle.abort(), { once: true });
+  });
 }
 
 let shared = null;
 
-export function getClient() {
+// The page's one client: of this server, or of `server` (a base URL) when the page names another
+// (a static export's "Run it live").
+export function getClient(server = null) {
   if (!shared) {
-    const url = new URL("/ws", window.location.href);
+    const url = new URL("/ws", server || window.location.href);
     // a room's student page names its room, so that a browser that joined several rooms talks in this one
     const room = document.querySelector("[data-ws-room]")?.dataset.wsRoom;
     if (room) url.searchParams.set("room", room);
