@@ -102,9 +102,10 @@ def write_recordings(out: Path, recordings: list[dict]) -> None:
 
 
 def export(out: Path, *, app, base: str, names: list[str] | None = None, server: str | None = None,
-           log=sys.stderr) -> list[dict]:
-    """Record `names` (default: every widget) from the running server `base` (serving `app`), and
-    write the export to `out`. Returns the recordings."""
+           log=sys.stderr, browser=None) -> list[dict]:
+    """Record `names` (default: every widget) from the running server `base` (serving `app`), in
+    `browser` (None: a Chromium started for it), and write the export to `out`. Returns the
+    recordings."""
     from .widgets import BY_NAME
     names = list(BY_NAME) if names is None else names
     for name in names:
@@ -112,7 +113,7 @@ def export(out: Path, *, app, base: str, names: list[str] | None = None, server:
             raise InvalidParameter("widgets", f"there is no widget called {name!r}")
     server = check_server(server)
     out = Path(out)
-    recordings = record(base, jobs_for(names), log=log)
+    recordings = record(base, jobs_for(names), log=log, browser=browser)
     write_recordings(out, recordings)
     write_pages(app, out, list(BY_NAME), server)
     write_assets(out)

@@ -28,11 +28,11 @@ WIDGETS = ["tokenizer", "embedding", "kv-memory", "attention"]
 
 
 @pytest.fixture(scope="module")
-def exported(live_server, tmp_path_factory):
+def exported(live_server, browser, tmp_path_factory):
     from app.export import export
     out = tmp_path_factory.mktemp("export")
     log = io.StringIO()
-    recordings = export(out, app=live_server.app, base=live_server.http, names=WIDGETS, log=log)
+    recordings = export(out, app=live_server.app, base=live_server.http, names=WIDGETS, log=log, browser=browser)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "-d", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -109,6 +109,18 @@ def test_every_widget_plays_its_recording_without_a_server(static_page, exported
             badge = root.locator(".badge[data-recorded]").first
             assert badge.inner_text().startswith("recorded on "), badge.inner_text()
             page.screenshot(path=str(artifacts_dir / "export-tokenizer-1280.png"))
+    # in a 600x450 iframe of another page, and on a phone: no sideways scrolling
+    page.goto(f"{exported.base}/index.html")   # a page of the export's origin (http.server sends no CSP)
+    page.set_content(f'<iframe src="{exported.base}/embed/attention/index.html" width="600" height="450" '
+                     'style="border:1px solid #ccc"></iframe>')
+    page.frame_locator("iframe").locator('[data-widget="attention"][data-state="ready"]').wait_for(timeout=60_000)
+    page.locator("iframe").screenshot(path=str(artifacts_dir / "export-attention-iframe-600x450.png"))
+    assert page.frames[1].evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 0
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{exported.base}/embed/tokenizer/index.html")
+    page.wait_for_selector('[data-widget="tokenizer"][data-state="ready"]')
+    page.screenshot(path=str(artifacts_dir / "export-tokenizer-390.png"))
+    assert page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 0
     assert static_page.sockets == [], static_page.sockets
     assert static_page.blocked == [], static_page.blocked
     assert static_page.errors == [], static_page.errors

@@ -45,7 +45,7 @@ def js_number(x: float) -> str:
         return "null"                         # JSON.stringify(NaN) is null
     if x == 0:
         return "0"
-    if x.is_integer() and abs(x) < 1e21:
+    if x.is_integer() and abs(x) < 2 ** 53:   # exact integers: their digits are the shortest form
         return str(int(x))
     digits, exponent = _shortest(x)           # x = 0.d1d2...dk * 10**exponent
     sign = "-" if x < 0 else ""

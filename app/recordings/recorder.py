@@ -20,7 +20,8 @@ from .schema import validate
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-SETTLE_S = 1.0          # nothing in flight and no new exchange for this long: the widget is done
+SETTLE_S = 1.5          # no new exchange for this long, and nothing in flight: the widget is done
+                        # (a widget that polls, such as paging every 0.5 s, repeats one key: not new)
 
 
 class RecordingFailed(RuntimeError):
@@ -36,11 +37,26 @@ def chromium_path() -> str:
     return path
 
 
-def record(base: str, jobs: list[tuple[str, dict]], *, log=sys.stderr, timeout_s: float = 900) -> list[dict]:
-    """Record each (widget, options) of `jobs` from the server at `base` (http://127.0.0.1:PORT).
-    Returns the recordings, checked against the schema, in the order of `jobs`."""
+def record(base: str, jobs: list[tuple[str, dict]], *, log=sys.stderr, timeout_s: float = 900,
+           browser=None) -> list[dict]:
+    """Record each (widget, options) of `jobs` from the server at `base` (http://127.0.0.1:PORT),
+    in `browser` (a Playwright Chromium; None: one started here). Returns the recordings, checked
+    against the schema, in the order of `jobs`."""
+    if browser is not None:
+        return _record_in(browser, base, jobs, log, timeout_s)
     from playwright.sync_api import sync_playwright
+    pw = sync_playwright().start()
+    try:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            return _record_in(browser, base, jobs, log, timeout_s)
+        finally:
+            browser.close()
+    finally:
+        pw.stop()
 
+
+def _record_in(browser, base: str, jobs: list[tuple[str, dict]], log, timeout_s: float) -> list[dict]:
     origin = "{0.scheme}://{0.netloc}".format(urlsplit(base))
     outside: list[str] = []
 
@@ -53,10 +69,8 @@ def record(base: str, jobs: list[tuple[str, dict]], *, log=sys.stderr, timeout_s
             r.abort()
 
     out = []
-    pw = sync_playwright().start()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     try:
-        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
         context.route("**/*", route)
         started = time.monotonic()
         for i, (widget, options) in enumerate(jobs, 1):
@@ -70,9 +84,8 @@ def record(base: str, jobs: list[tuple[str, dict]], *, log=sys.stderr, timeout_s
             print(f"[{i}/{len(jobs)}] {label}: {len(recording['exchanges'])} exchange(s) in "
                   f"{time.monotonic() - t0:.1f} s", file=log, flush=True)
         print(f"recorded {len(out)} in {time.monotonic() - started:.1f} s", file=log, flush=True)
-        browser.close()
     finally:
-        pw.stop()
+        context.close()
     return out
 
 
@@ -104,14 +117,14 @@ def record_one(context, base: str, widget: str, options: dict, timeout_s: float)
 
 
 def _settled(page, widget: str, timeout_s: float) -> dict:
-    """The tap's state once nothing has been in flight, and no exchange has ended, for SETTLE_S."""
+    """The tap's state once no exchange of a new key has ended for SETTLE_S and nothing is in flight."""
     read = ("(name) => { const t = window.sendlensTaps[name];"
             " return { pending: t.pending, hello: t.hello, exchanges: t.exchanges() }; }")
     deadline = time.monotonic() + timeout_s
     last, since = None, time.monotonic()
     while True:
         taken = page.evaluate(read, widget)
-        state = (taken["pending"], len(taken["exchanges"]))
+        state = len(taken["exchanges"])   # one per key (the tap keeps a key's latest)
         if state != last:
             last, since = state, time.monotonic()
         elif taken["pending"] == 0 and taken["exchanges"] and time.monotonic() - since >= SETTLE_S:

@@ -19,6 +19,16 @@ function retryable(msg, entry) {
     && msg.retry_after_s <= RETRY_WAIT_MAX_S && entry.retries < RETRIES_MAX;
 }
 
+// Why did the connection `c` end: "overloaded" (the server refused it; one that opened and closed
+// with no word after such a refusal is taken as another), "unreachable" (it never opened) or
+// "closed" (the server had admitted it).
+function closeReason(c) {
+  if (c.refusal?.code === "overloaded") return "overloaded";
+  if (!c.opened) return "unreachable";
+  if (!c.admitted && c.closeReason === "overloaded") return "overloaded";
+  return "closed";
+}
+
 class Gate {
   constructor(limit) { this.limit = limit; this.active = 0; this.waiting = []; }
   acquire() {
@@ -63,6 +73,7 @@ class Client {
     this.ws = ws;
     this.refusal = null;
     this.opened = false;
+    this.admitted = false;
     ws.addEventListener("open", () => {
       this.opened = true;
       this.setStatus("open");
@@ -77,7 +88,7 @@ class Client {
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });
       }
       this.pending.clear();
-      this.closeReason = this.refusal?.code === "overloaded" ? "overloaded" : this.opened ? "closed" : "unreachable";
+      this.closeReason = closeReason(this);
       if (event.code === IDLE_CLOSE) {
         // The server closed a quiet connection: reconnect only when a widget next needs it.
         this.hello = null;
@@ -108,6 +119,7 @@ class Client {
       this.gates.job.setLimit(msg.limits?.max_jobs_per_connection ?? 1);
       this.gates.generate.setLimit(msg.limits?.max_requests_per_connection ?? 1);
       this.backoff = 500;   // admitted: a refusal (overloaded, then closed) keeps backing off
+      this.admitted = true;
       for (const resolve of this.helloWaiters.splice(0)) resolve(msg);
       for (const fn of this.helloListeners) fn(msg);
       return;

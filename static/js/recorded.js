@@ -90,10 +90,11 @@ export class RecordingClient {
 }
 
 // A live client whose answered exchanges are kept: `exchanges()` lists those that ended well
-// (not in an error), in the order they ended; `pending` counts requests not yet ended. onRefused
-// hears a request that the server refused with `overloaded` or lost to a dropped connection.
+// (not in an error), one per key (a widget that polls keeps its latest answer), in the order each
+// key first ended; `pending` counts requests not yet ended. onRefused hears a request that the
+// server refused with `overloaded` or lost to a dropped connection.
 export function tapClient(client, { onRefused = null } = {}) {
-  const ended = [];
+  const ended = new Map();   // key -> exchange
   let pending = 0;
   const tap = {
     get hello() { return client.hello; },
@@ -102,7 +103,7 @@ export function tapClient(client, { onRefused = null } = {}) {
     ready: () => client.ready(),
     onStatus: (fn) => client.onStatus(fn),
     onHello: (fn) => client.onHello(fn),
-    exchanges: () => ended.slice(),
+    exchanges: () => [...ended.values()],
     request(body, onMessage) {
       const replies = [];
       let open = true;
@@ -112,7 +113,7 @@ export function tapClient(client, { onRefused = null } = {}) {
         if (open && terminal(msg, body.type)) {
           open = false;
           pending -= 1;
-          if (msg.type !== "error") ended.push({ key: canonicalKey(body), message: { ...body, id: handle.id }, replies });
+          if (msg.type !== "error") ended.set(canonicalKey(body), { key: canonicalKey(body), message: { ...body, id: handle.id }, replies });
           else if (msg.code === "overloaded" || msg.code === "disconnected") onRefused?.(msg.code);
         }
         onMessage(msg);

@@ -7,10 +7,11 @@
 //   "Run it live" button remounts it on that server's client (data-source="live").
 // - On the live site a widget mounts on a tap of the page's client (static/js/recorded.js), so
 //   the last live result it showed is kept (localStorage). An embed whose server refuses it
-//   (overloaded), cannot be reached or closes degrades instead of failing: it shows that last
-//   result, or the recording the server serves for its default options (/recordings/<name>.json,
-//   the recordings_dir setting), with a badge saying why; the client keeps retrying with backoff,
-//   and the first hello of a new connection remounts the widget live.
+//   (overloaded), cannot be reached, or closes and does not take it back at once degrades
+//   instead of failing: it shows that last result, or the recording the server serves for its
+//   default options (/recordings/<name>.json, the recordings_dir setting), with a badge saying
+//   why; the client keeps retrying with backoff, and the first hello of a new connection
+//   remounts the widget live. With neither recording, it says it lost the connection, as before.
 //
 // The idea is the one of graceful degradation in static-site explainers: ship precomputed data,
 // and let the live engine improve on it when it is there.
@@ -215,8 +216,19 @@ function startLive(root, name, mount, embed) {
     } finally { falling = false; }
   };
 
-  live.onStatus((status) => { if (status === "closed") fallBack(live.closeReason || "closed"); });
-  live.onHello(() => { if (mode === "recording") goLive(); });
+  // A connection that closed after the server admitted it is retried at once (0.5 s): fall back
+  // only if that retry fails too. A refusal or an unreachable server falls back at once.
+  let failures = 0;
+  live.onStatus((status) => {
+    if (status !== "closed") return;
+    failures += 1;
+    const reason = live.closeReason || "closed";
+    if (reason !== "closed" || failures >= 2) fallBack(reason);
+  });
+  live.onHello(() => {
+    failures = 0;
+    if (mode === "recording") goLive();
+  });
   goLive();
 }
 
