@@ -426,6 +426,14 @@ def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: f
     assert pg.console_errors == [] and pg.page_errors == [], (pg.console_errors, pg.page_errors)
 
 
+def axe_blocking(page) -> list[str]:
+    """axe-core's serious and critical violations on the page (a page served
+    with the site's CSP needs a context with bypass_csp=True to let axe in)."""
+    from axe_playwright_python.sync_playwright import Axe
+    found = Axe().run(page, options={"resultTypes": ["violations"]}).response["violations"]
+    return [f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}" for v in found if v["impact"] in ("serious", "critical")]
+
+
 # ---- worker processes (core/parallel/workers.py) left behind? -------------------------------------------
 
 def alive(pid: int) -> bool:

@@ -15,6 +15,8 @@ import threading
 
 import pytest
 
+from conftest import axe_blocking
+
 pytestmark = pytest.mark.browser
 
 EMBEDS = ["tokenizer", "embedding"]
@@ -137,7 +139,7 @@ def test_embeds_fall_back_to_recordings_and_come_back_live(browser, live_server,
     monkeypatch.setattr(live_server.app.config["SENDLENS"], "recordings_dir", str(tmp_path))
 
     base = f"http://127.0.0.1:{door.port}"
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, bypass_csp=True)   # bypass: axe below
     page = context.new_page()
     page_errors = []
     page.on("pageerror", lambda e: page_errors.append(str(e)))
@@ -176,6 +178,7 @@ def test_embeds_fall_back_to_recordings_and_come_back_live(browser, live_server,
         alone.wait_for_selector('.source-bar:has([data-fallback="overloaded"]) + [data-widget="embedding"]'
                                 '[data-source="recording"][data-state="ready"]', timeout=TIMEOUT)
         alone.screenshot(path=str(artifacts_dir / "fallback-embedding-1280.png"))
+        assert axe_blocking(alone) == []
         alone.close()
 
         # 2. stopped: nothing answers on the server's port

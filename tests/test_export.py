@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import CHROMIUM, free_port
+from conftest import axe_blocking, free_port
 
 pytestmark = pytest.mark.browser
 
@@ -109,6 +109,7 @@ def test_every_widget_plays_its_recording_without_a_server(static_page, exported
             badge = root.locator(".badge[data-recorded]").first
             assert badge.inner_text().startswith("recorded on "), badge.inner_text()
             page.screenshot(path=str(artifacts_dir / "export-tokenizer-1280.png"))
+            assert axe_blocking(page) == []
     # in a 600x450 iframe of another page, and on a phone: no sideways scrolling
     page.goto(f"{exported.base}/index.html")   # a page of the export's origin (http.server sends no CSP)
     page.set_content(f'<iframe src="{exported.base}/embed/attention/index.html" width="600" height="450" '
