@@ -1,7 +1,7 @@
 """Embeds that degrade instead of failing (static/js/source.js), in Chromium.
 
-Two embeds in 600x450 iframes reach the session's tiny live server through a TCP door this test
-holds (so the test can cut every connection and stop answering, as a stopped server does, without
+Two embeds in 600x450 iframes (sharing one socket: static/js/socket-worker.js) reach the
+session's tiny live server through a TCP door this test holds (so the test can cut every connection and stop answering, as a stopped server does, without
 stopping the shared server). The server refuses new connections with `overloaded` (its own
 refusal: open_connection says it is full), then the door stops answering; the embeds show a
 recording, badged with the reason, the tokenizer its own last live result (localStorage) and the
@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import axe_blocking
+from conftest import author_page, axe_blocking
 
 pytestmark = pytest.mark.browser
 
@@ -87,26 +87,6 @@ class Door:
             pass
         self.listener.close()
         self.cut()
-
-
-def author_page(html: str) -> str:
-    """A page of `html` served on a free loopback port until the process ends: its URL."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = html.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_port}/"
 
 
 @pytest.fixture

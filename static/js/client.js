@@ -8,6 +8,8 @@
 // short `retry_after_s` (a rate or a work budget, not a full server) is sent again by itself once
 // that time has passed; its owner hears a `waiting` message meanwhile.
 
+import { SharedSocket, shareable } from "./shared-socket.js";
+
 const TERMINAL = new Set(["done", "error"]);
 const IDLE_CLOSE = 4000;  // the server's close code for an idle connection
 const RETRY_WAIT_MAX_S = 10;   // retry by itself only when the server says a retry succeeds this soon
@@ -47,8 +49,10 @@ class Gate {
 }
 
 class Client {
-  constructor(url) {
+  // share: open the connection through the SharedWorker (shared-socket.js) instead of a WebSocket
+  constructor(url, { share = false } = {}) {
     this.url = url;
+    this.share = share;
     this.pending = new Map();      // id -> { kind, onMessage, release }
     this.outbox = [];              // messages waiting for the socket to open
     this.hello = null;             // the server's hello: model facts and limits
@@ -69,7 +73,7 @@ class Client {
 
   connect() {
     this.setStatus("connecting");
-    const ws = new WebSocket(this.url);
+    const ws = this.share ? new SharedSocket(this.url) : new WebSocket(this.url);
     this.ws = ws;
     this.refusal = null;
     this.opened = false;
@@ -250,7 +254,8 @@ export function getClient(server = null) {
     const room = document.querySelector("[data-ws-room]")?.dataset.wsRoom;
     if (room) url.searchParams.set("room", room);
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-    shared = new Client(url.href);
+    // an embed in another page's frame shares one socket with the other embeds of this origin
+    shared = new Client(url.href, { share: !server && !room && shareable() });
   }
   return shared;
 }
