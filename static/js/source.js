@@ -144,26 +144,48 @@ function recordingOf(name, tap) {
 const taps = {};
 window.sendlensTaps = taps;
 
-// A static export: the widget plays its recordings; "Run it live" where a server is named.
+// A static export: the widget plays its recordings; "Run it live" where a server is named. A
+// server that cannot be reached, or refuses this page (its allowed_origins), sends the widget
+// back to its recording, saying so.
 async function startRecorded(root, name, mount) {
   const recordings = await exported(name);
   const server = liveServer();
+  const host = server ? new URL(server, document.baseURI).host : null;
+  let playRecording = null;
   const goLive = () => {
-    setBar(root, [el("span", { class: "badge badge-live", text: "live" }),
-      ` Running live on ${new URL(server, document.baseURI).host}.`]);
-    show(root, mount, getClient(server), "live");
+    const client = getClient(server);
+    setBar(root, [el("span", { class: "badge badge-live", text: "live" }), ` Connecting to ${host}…`]);
+    show(root, mount, client, "live");
+    if (client.hello) {
+      setBar(root, [el("span", { class: "badge badge-live", text: "live" }), ` Running live on ${host}.`]);
+      return;
+    }
+    const offHello = client.onHello(() => {
+      stop();
+      setBar(root, [el("span", { class: "badge badge-live", text: "live" }), ` Running live on ${host}.`]);
+    });
+    const offStatus = client.onStatus((status) => {
+      if (status !== "closed" || !playRecording) return;
+      stop();
+      playRecording(`The live server at ${host} could not be reached, or does not let this page's origin `
+        + `(${window.location.origin}) in: its allowed_origins setting must name it. `);
+    });
+    const stop = () => { offHello(); offStatus(); };
   };
   if (!recordings.length) {
     if (server) return goLive();
     throw new Error("this export holds no recording of it");
   }
   const client = new RecordingClient(recordings, { liveHint: server ? " Press \"Run it live\" to send it." : "" });
-  show(root, mount, client, "recording", recordings[0]);
-  setBar(root, [
-    el("span", { class: "badge badge-recorded", text: "recording" }),
-    ` A recording: ${recordedOn(recordings[0])}, engine ${recordings[0].engine.version}, model ${recordings[0].model}. `,
-    server ? el("button", { type: "button", class: "run-live", text: "Run it live", onclick: goLive }) : null,
-  ]);
+  playRecording = (note = "") => {
+    show(root, mount, client, "recording", recordings[0]);
+    setBar(root, [
+      el("span", { class: "badge badge-recorded", text: "recording" }),
+      ` ${note}A recording: ${recordedOn(recordings[0])}, engine ${recordings[0].engine.version}, model ${recordings[0].model}. `,
+      server ? el("button", { type: "button", class: "run-live", text: "Run it live", onclick: goLive }) : null,
+    ]);
+  };
+  playRecording();
 }
 
 // The live site: live on a tap; an embed falls back to a recording while the server refuses it.
