@@ -5,8 +5,8 @@
 //   data-source="recording", its "live"/"measured" badges read "recorded on <machine>, <date>",
 //   and, where a live server is named (the export's --server, or ?server= on the page), a
 //   "Run it live" button remounts it on that server's client (data-source="live").
-// - On the live site a widget mounts on a tap of the page's client (static/js/recorded.js), so
-//   the last live result it showed is kept (localStorage). An embed whose server refuses it
+// - On the live site a widget mounts on a tap of the page's client (static/js/recorded.js); an
+//   embed keeps the last live result it showed (localStorage). An embed whose server refuses it
 //   (overloaded), cannot be reached, or closes and does not take it back at once degrades
 //   instead of failing: it shows that last result, or the recording the server serves for its
 //   default options (/recordings/<name>.json, the recordings_dir setting), with a badge saying
@@ -114,11 +114,24 @@ function lastLive(name) {
   } catch { return null; }
 }
 
+// Keep a widget's last live result; when storage is full, the other kept results make room (they
+// are only fallbacks). Storage off or still full: the server's recording is the fallback then.
 function keepLive(name, recording) {
-  try {
-    const text = JSON.stringify(recording);
-    if (text.length <= STORE_MAX_CHARS) window.localStorage.setItem(storeKey(name), text);
-  } catch { /* storage full or off: the server's recording is the fallback then */ }
+  const text = JSON.stringify(recording);
+  if (text.length > STORE_MAX_CHARS) return;
+  for (const attempt of [0, 1]) {
+    try {
+      window.localStorage.setItem(storeKey(name), text);
+      return;
+    } catch {
+      if (attempt) return;
+      try {
+        for (const key of Object.keys(window.localStorage)) {
+          if (key.startsWith("sendlens:last-live:") && key !== storeKey(name)) window.localStorage.removeItem(key);
+        }
+      } catch { return; }
+    }
+  }
 }
 
 async function served(name) {
@@ -202,6 +215,7 @@ function startLive(root, name, mount, embed) {
     barOf(root).replaceChildren();
     show(root, mount, tap, "live");
     saver?.disconnect();
+    if (!embed) return;   // only an embed falls back to it
     // keep the last live result once the widget is ready and nothing is in flight
     saver = new MutationObserver(() => {
       if (root.dataset.state !== "ready" || mode !== "live") return;
