@@ -143,13 +143,20 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="the folder to write (made if missing)")
     parser.add_argument("--server", default=None, help="a live server's URL for \"Run it live\"")
     parser.add_argument("--model", default=None, help="the model to record with (default: the server's)")
-    parser.add_argument("--widgets", default=None, help="comma-separated widget names (default: all)")
+    parser.add_argument("--widgets", default=None, help="comma-separated widget names to record (default: all; "
+                        "the other widgets' pages are written too, and say the export holds no recording of them)")
     parser.add_argument("--setting", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a server setting for the recording server, as python -m app takes it")
     args = parser.parse_args(argv)
 
     from . import create_app
     from .config import parse_setting
+    from .widgets import BY_NAME
+    check_server(args.server)                    # refused before the engine starts, not after
+    names = args.widgets.split(",") if args.widgets else None
+    for name in names or []:
+        if name not in BY_NAME:
+            raise InvalidParameter("widgets", f"there is no widget called {name!r}")
     values = {name: parse_setting(name, text) for name, text in args.setting}
     if args.model:
         values["model"] = args.model
@@ -158,7 +165,6 @@ def main(argv=None) -> int:
     app = create_app(values)
     base, stop = serve(app)
     try:
-        names = args.widgets.split(",") if args.widgets else None
         recordings = export(args.out, app=app, base=base, names=names, server=args.server)
     finally:
         stop()

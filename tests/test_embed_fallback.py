@@ -159,6 +159,12 @@ def test_embeds_fall_back_to_recordings_and_come_back_live(browser, live_server,
                                 '[data-source="recording"][data-state="ready"]', timeout=TIMEOUT)
         alone.screenshot(path=str(artifacts_dir / "fallback-embedding-1280.png"))
         assert axe_blocking(alone) == []
+        alone.set_viewport_size({"width": 390, "height": 844})
+        alone.reload()   # drawn afresh at a phone's width
+        alone.wait_for_selector('.source-bar:has([data-fallback="overloaded"]) + [data-widget="embedding"]'
+                                '[data-source="recording"][data-state="ready"]', timeout=TIMEOUT)
+        alone.screenshot(path=str(artifacts_dir / "fallback-embedding-390.png"))
+        assert alone.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 0
         alone.close()
 
         # 2. stopped: nothing answers on the server's port

@@ -78,3 +78,16 @@ def test_presets_come_from_the_widget_docs():
     assert presets("kv-memory", docs) == [{"preset": "llama-3.1-8b"}, {"preset": "deepseek-v3", "context": "8192"}]
     assert presets("paging", docs) == []
     assert presets("nothing", docs) == []
+
+
+@pytest.mark.parametrize("argv, param", [
+    (["--server", "ftp://example.org"], "server"),
+    (["--server", "example.org"], "server"),
+    (["--widgets", "tokenizer,nothing"], "widgets"),
+])
+def test_export_refuses_bad_arguments_before_starting_an_engine(tmp_path, argv, param):
+    from app.export import main
+    with pytest.raises(ValueError) as err:
+        main(["--out", str(tmp_path), *argv])
+    assert err.value.param == param
+    assert list(tmp_path.iterdir()) == []

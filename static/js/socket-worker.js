@@ -5,7 +5,8 @@
 // Each frame's client attaches through its own MessagePort. The worker prefixes each request's id
 // with the client's tag (`c3~gemm-1`) and sends it on; a reply goes back to the client its id
 // names, with the id as that client chose it; a message without an id (hello, a refusal, a room's
-// news) goes to every client, and a client that attaches later gets the hello at once. The
+// news) goes to every client, and a client that attaches later gets the hello (or the server's
+// refusal) at once. The
 // connection's limits (hello: max_jobs_per_connection, max_requests_per_connection) are kept here,
 // across all clients: a request over them waits in this worker until one ends, as client.js's
 // gates do for one page. When the socket closes, every client hears it, and the next to connect
@@ -22,7 +23,7 @@ onconnect = (event) => {
 function hubFor(url) {
   if (hubs.has(url)) return hubs.get(url);
   const hub = {
-    url, ws: new WebSocket(url), open: false, hello: null, clients: new Map(),
+    url, ws: new WebSocket(url), open: false, hello: null, refusal: null, clients: new Map(),
     jobTypes: new Set(), requestTypes: new Set(["generate"]), limits: { job: 1, generate: 1 },
     inflight: new Map(),                          // full id -> { kind, type }
     queued: { job: [], generate: [] },            // { full, msg } waiting for a free place
@@ -47,7 +48,8 @@ function attach(url, port) {
   hub.clients.set(tag, { port });
   if (hub.open) {
     port.postMessage({ ev: "open" });
-    if (hub.hello) port.postMessage({ ev: "message", data: hub.hello });
+    // what the others heard when the connection began: its hello, or the server's refusal
+    if (hub.hello || hub.refusal) port.postMessage({ ev: "message", data: hub.hello || hub.refusal });
   }
   port.onmessage = (m) => {
     if (m.data?.op === "send") fromClient(hub, tag, JSON.parse(m.data.text));
@@ -96,6 +98,7 @@ function fromServer(hub, text) {
     hub.limits = { job: msg.limits?.max_jobs_per_connection ?? 1, generate: msg.limits?.max_requests_per_connection ?? 1 };
   }
   if (typeof msg.id !== "string" || !msg.id.includes("~")) {
+    if (msg.type === "error" && !hub.hello) hub.refusal = text;   // a client attaching now hears it too
     for (const c of hub.clients.values()) c.port.postMessage({ ev: "message", data: text });
     return;
   }
