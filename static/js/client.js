@@ -8,7 +8,7 @@
 // short `retry_after_s` (a rate or a work budget, not a full server) is sent again by itself once
 // that time has passed; its owner hears a `waiting` message meanwhile.
 
-import { SharedSocket, shareable } from "./shared-socket.js";
+import { SharedSocket, WORKER_FAILED, shareable } from "./shared-socket.js";
 
 const TERMINAL = new Set(["done", "error"]);
 const IDLE_CLOSE = 4000;  // the server's close code for an idle connection
@@ -85,6 +85,11 @@ class Client {
     });
     ws.addEventListener("message", (event) => this.dispatch(JSON.parse(event.data)));
     ws.addEventListener("close", (event) => {
+      if (event.code === WORKER_FAILED) {   // the browser refused the shared socket: a socket of our own
+        this.share = false;
+        this.connect();
+        return;
+      }
       this.outbox = [];  // their owners are told below that they failed: never send them later
       for (const [id, entry] of this.pending) {
         clearTimeout(entry.timer);

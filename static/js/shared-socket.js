@@ -2,13 +2,23 @@
 // connection is the one socket static/js/socket-worker.js holds for all sendlens embeds of this
 // origin: a page full of embed iframes opens one connection, not one per iframe. client.js uses
 // it in an embed that is in a frame, where the browser has SharedWorker; elsewhere it uses the
-// page's own WebSocket, as before.
+// page's own WebSocket, as before. Where the browser refuses the worker (Chromium does in some
+// cross-site frames), the socket closes with WORKER_FAILED before it opens, and client.js opens
+// a WebSocket of its own instead.
+
+export const WORKER_FAILED = 4901;   // a close code of the private range: the worker did not start
 
 let worker = null;
+let broken = false;
+const onBroken = new Set();
 
 function workerPort() {
   if (!worker) {
     worker = new SharedWorker(new URL("./socket-worker.js", import.meta.url), { name: "sendlens-socket" });
+    worker.addEventListener("error", () => {
+      broken = true;
+      for (const fn of [...onBroken]) fn();
+    });
     worker.port.start();
   }
   return worker.port;
@@ -16,7 +26,8 @@ function workerPort() {
 
 // Share the socket here? An embed inside another page's frame, where the browser allows it.
 export function shareable() {
-  return typeof SharedWorker === "function" && document.body.classList.contains("embed") && window.top !== window;
+  return !broken && typeof SharedWorker === "function" && document.body.classList.contains("embed")
+    && window.top !== window;
 }
 
 export class SharedSocket extends EventTarget {
@@ -27,7 +38,10 @@ export class SharedSocket extends EventTarget {
     const channel = new MessageChannel();
     this.port = channel.port1;
     this.port.onmessage = (e) => this.heard(e.data);
+    this.failed = () => { if (this.readyState !== WebSocket.CLOSED) this.ended(WORKER_FAILED, "the shared socket's worker did not start"); };
+    onBroken.add(this.failed);
     workerPort().postMessage({ op: "connect", url }, [channel.port2]);
+    if (broken) queueMicrotask(this.failed);
   }
 
   heard(ev) {
@@ -43,6 +57,7 @@ export class SharedSocket extends EventTarget {
   }
 
   ended(code, reason) {
+    onBroken.delete(this.failed);
     this.readyState = WebSocket.CLOSED;
     this.port.close();
     this.dispatchEvent(new CloseEvent("close", { code, reason }));
