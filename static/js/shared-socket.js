@@ -3,10 +3,11 @@
 // origin: a page full of embed iframes opens one connection, not one per iframe. client.js uses
 // it in an embed that is in a frame, where the browser has SharedWorker; elsewhere it uses the
 // page's own WebSocket, as before. Where the browser refuses the worker (Chromium does in some
-// cross-site frames), the socket closes with WORKER_FAILED before it opens, and client.js opens
-// a WebSocket of its own instead.
+// cross-site frames: an error event), or it does not answer within ATTACH_MS, the socket closes
+// with WORKER_FAILED before it opens, and client.js opens a WebSocket of its own instead.
 
 export const WORKER_FAILED = 4901;   // a close code of the private range: the worker did not start
+const ATTACH_MS = 5000;              // a worker that has not answered by then is taken as refused
 
 let worker = null;
 let broken = false;
@@ -42,11 +43,14 @@ export class SharedSocket extends EventTarget {
     onBroken.add(this.failed);
     workerPort().postMessage({ op: "connect", url }, [channel.port2]);
     if (broken) queueMicrotask(this.failed);
+    this.waiting = setTimeout(() => { broken = true; this.failed(); }, ATTACH_MS);
   }
 
   heard(ev) {
     if (this.readyState === WebSocket.CLOSED) return;
-    if (ev.ev === "open") {
+    if (ev.ev === "attached") {
+      clearTimeout(this.waiting);
+    } else if (ev.ev === "open") {
       this.readyState = WebSocket.OPEN;
       this.dispatchEvent(new Event("open"));
     } else if (ev.ev === "message") {
@@ -57,6 +61,7 @@ export class SharedSocket extends EventTarget {
   }
 
   ended(code, reason) {
+    clearTimeout(this.waiting);
     onBroken.delete(this.failed);
     this.readyState = WebSocket.CLOSED;
     this.port.close();

@@ -46,6 +46,7 @@ function attach(url, port) {
   const hub = hubFor(url);
   const tag = `c${++clients}`;
   hub.clients.set(tag, { port });
+  port.postMessage({ ev: "attached" });   // the worker runs: the page stops waiting for it
   if (hub.open) {
     port.postMessage({ ev: "open" });
     // what the others heard when the connection began: its hello, or the server's refusal
