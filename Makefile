@@ -59,10 +59,13 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 		|| echo "no C++ compiler: the engine runs its Python forward (the same results, slower)"
 	touch $@
 
-# Browser tests drive Debian's Chromium through Playwright (never `playwright install`).
+# Browser tests drive Debian's Chromium through Playwright (never `playwright install`); the
+# replica test runs Debian's nginx and redis-server (tests/test_replicas.py).
 $(VENV)/.test-deps: $(VENV)/.serve-deps
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	command -v chromium >/dev/null || { $(APT_INSTALL) chromium; }
+	{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null && command -v redis-server >/dev/null \
+		|| { $(APT_INSTALL) nginx redis-server; }
 	touch $@
 
 $(VENV)/.bench-deps: $(VENV)/.serve-deps

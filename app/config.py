@@ -71,6 +71,11 @@ class ServerConfig:
     rooms_db_path: str = ""               # the rooms' SQLite file; empty: <cache dir>/rooms.sqlite3
     trusted_proxies: str = ""             # proxies (addresses or networks, space-separated) whose forwarded headers are believed
     client_address_header: str = "X-Forwarded-For"  # the header a trusted proxy names the client's address in
+    # -- replicas behind a balancer (app/replicas.py, app/shared, docs/deploy.md) --
+    replica_id: str = ""                  # this replica's number, 1 to 31 (its rooms' codes start with its symbol); empty: a server alone
+    redis_url: str = ""                   # the Redis the replicas share (job results, seats, rooms' routes); empty: all in this process
+    shared_lease_s: int = 15              # a replica's seats in Redis stop counting this long after it stops renewing its lease
+    shared_cache_ttl_s: int = 3600        # a job result stays in the shared cache this long
     # -- pages --
     bench_results: str = "bench/results/latest.json"  # the benchmark's JSON shown at /benchmark (relative: to the project root)
     recordings_dir: str = ""              # recordings an embed falls back on (python -m app.export's DIR/recordings); empty: none
@@ -94,6 +99,12 @@ class ServerConfig:
         if not isinstance(self.client_address_header, str) or not re.fullmatch(r"[A-Za-z0-9-]+",
                                                                                  self.client_address_header):
             raise InvalidParameter("client_address_header", "must be an HTTP header name such as X-Forwarded-For")
+        from .replicas import replica_number
+        replica_number(self.replica_id)   # raises naming replica_id
+        if not isinstance(self.redis_url, str) or (self.redis_url and not re.fullmatch(
+                r"(redis|rediss|unix)://\S+", self.redis_url)):
+            raise InvalidParameter("redis_url", "must be empty (no Redis) or a URL such as redis://127.0.0.1:6379/0, "
+                                   f"got {self.redis_url!r}")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type is int or f.type == "int":

@@ -15,7 +15,9 @@ and jobs in one thread, as a time-sharing OS would do it with a quantum).
   slice beside nobody's chat delays nobody and costs nothing.
 - Cached: results are kept by their inputs (an LRU of `cache_entries`), and an identical job
   already running gets a second subscriber instead of a second run: a classroom asking the same
-  thing computes it once.
+  thing computes it once. Under the LRU, a second level (`shared`, app/shared/cache.py) is asked
+  on a miss, outside the lock, and given every result: replicas behind a balancer share results
+  through it (a server alone has none).
 - Progress: a job that runs for over a second reports its yielded Progress every half second.
 - Abort: a subscriber can leave; a job with no subscribers left is stopped at its next slice.
 - One thread count a job: the serving engine may change torch's thread count before any step
@@ -91,9 +93,11 @@ class _Job:
 
 
 class JobRunner:
-    def __init__(self, max_queued_jobs: int = 64, cache_entries: int = 128):
+    def __init__(self, max_queued_jobs: int = 64, cache_entries: int = 128, shared=None):
+        """shared: the second cache level (get(key), put(key, result)); None: none."""
         self.max_queued_jobs = max_queued_jobs
         self.cache_entries = cache_entries
+        self.shared = shared
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, object] = OrderedDict()
         self._jobs: dict[str, _Job] = {}                  # key -> job, queued or running
@@ -102,6 +106,7 @@ class JobRunner:
         self.slices = 0
         self.max_slice_s = 0.0
         self.cache_hits = 0
+        self.shared_hits = 0      # answers from the second level (another replica computed them)
         self.completed = 0
 
     def attach(self, wake: Callable[[], None]) -> None:
@@ -118,13 +123,15 @@ class JobRunner:
         """Queue work under `key` for `owner` (a connection), answered to subscriber (and its
         result kept by `key` if `cache`). Returns True when the answer came at once from the cache.
         Raises EngineOverloaded."""
+        result = self._from_shared(key) if cache else None
         with self._lock:
-            if key in self._cache:
+            if result is not None:
+                self._remember(key, result)
+            elif key in self._cache:
                 self._cache.move_to_end(key)
                 result = self._cache[key]
                 self.cache_hits += 1
             else:
-                result = None
                 job = self._jobs.get(key)
                 if job is None:
                     if len(self._jobs) >= self.max_queued_jobs:
@@ -139,6 +146,27 @@ class JobRunner:
             return True
         self._wake()
         return False
+
+    def _from_shared(self, key: str):
+        """The second level's result for a key that is neither in the LRU nor running here, else
+        None (asked outside the lock: it may be a network round trip)."""
+        if self.shared is None:
+            return None
+        with self._lock:
+            if key in self._cache or key in self._jobs:
+                return None
+        result = self.shared.get(key)
+        if result is not None:
+            with self._lock:
+                self.shared_hits += 1
+        return result
+
+    def _remember(self, key: str, result) -> None:
+        """Keep a result in the LRU (under the lock)."""
+        self._cache[key] = result
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_entries:
+            self._cache.popitem(last=False)
 
     def cancel(self, owner, token) -> bool:
         """The subscriber leaves; a job nobody waits for stops at its next slice."""
@@ -172,7 +200,7 @@ class JobRunner:
     def stats(self) -> dict:
         with self._lock:
             return {"jobs": len(self._jobs), "cached": len(self._cache), "cache_hits": self.cache_hits,
-                    "completed": self.completed, "slices": self.slices,
+                    "shared_hits": self.shared_hits, "completed": self.completed, "slices": self.slices,
                     "max_slice_ms": round(self.max_slice_s * 1000, 3)}
 
     # -- on the engine loop's thread ----------------------------------------------------------
@@ -246,10 +274,10 @@ class JobRunner:
             if event.kind == "result":
                 self.completed += 1
             if cache:
-                self._cache[job.key] = event.result
-                while len(self._cache) > self.cache_entries:
-                    self._cache.popitem(last=False)
+                self._remember(job.key, event.result)
             subscribers = list(job.subscribers.values())
+        if cache and self.shared is not None:
+            self.shared.put(job.key, event.result)     # never blocks this (the engine loop's) thread
         for subscriber in subscribers:
             _tell(subscriber, event)
 

@@ -24,6 +24,7 @@ def healthz():
     return jsonify({
         "status": "ok" if alive else "engine_stopped",
         "model": runtime.config.model,
+        "replica": runtime.config.replica_id,
         "kv": {"total_blocks": kv["total_blocks"], "free_blocks": kv["free_blocks"],
                "cached_blocks": kv["cached_blocks"], "block_size": kv["block_size"]},
         "running": stats["running"],

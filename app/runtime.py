@@ -3,7 +3,8 @@
 `init_app` loads the model named by the config, starts an EngineLoop on its own thread with the
 job runner as its side work, and keeps both, with the count of open websocket connections, in
 `app.extensions["sendlens"]`. Requests from every browser go into this one engine, so they are
-batched together. The app reads the engine only through its read-only view (core/engine/view.py):
+batched together. What replicas of one deployment share (job results, seats, rooms' routes) is
+`shared` (app/shared): this process's memory for a server alone, Redis with `redis_url`. The app reads the engine only through its read-only view (core/engine/view.py):
 the loop's snapshots of it (info, stats) and jobs that run on the loop's thread.
 """
 
@@ -17,6 +18,7 @@ from core.engine.engine_loop import EngineLoop
 from core.engine.llm_engine import LLMEngine
 from core.parallel.workers import ProcessBudget
 
+from . import shared
 from .budget import template_bytes
 from .clients import Seat, address_seat, client_address, parse_networks
 from .config import ServerConfig
@@ -28,7 +30,9 @@ class Runtime:
         self.config = config
         engine = LLMEngine(config.engine, loaded)
         engine.warmup()
-        self.jobs = JobRunner(config.max_queued_jobs, config.job_cache_entries)
+        self.shared = shared.connect(config)
+        self.jobs = JobRunner(config.max_queued_jobs, config.job_cache_entries,
+                              None if isinstance(self.shared.cache, shared.LocalCache) else self.shared.cache)
         self.loop = EngineLoop(engine, max_queue=config.max_queue, max_queued_tokens=config.max_queued_tokens,
                                side_work=self.jobs)
         self.jobs.attach(self.loop.wake)
@@ -37,7 +41,6 @@ class Runtime:
         self.info = self.loop.info()
         self.template_bytes = template_bytes(engine.view.tokenizer)  # the chat template's own text (app/budget.py)
         self._count_lock = threading.Lock()
-        self._by_seat: Counter[str] = Counter()
         self.num_connections = 0
         # connections cut off, by the setting that cut them (max_outbox_bytes: it stopped reading;
         # ping_interval_s: it missed a ping); read by tests and operators to tell the two apart
@@ -64,7 +67,8 @@ class Runtime:
     def open_connection(self, seat: Seat) -> str | None:
         """Count a new websocket in against its seat (the client's address, or a room's seats for
         a room's student: a classroom shares one address); None if it may stay, else why not (it
-        is then closed)."""
+        is then closed). max_connections counts this process's connections; a seat's limit
+        counts the deployment's (app/shared/seats.py: every replica's, with `redis_url`)."""
         c = self.config
         with self._count_lock:
             if self.stopping.is_set():
@@ -72,20 +76,19 @@ class Runtime:
             if self.num_connections >= c.max_connections:
                 return (f"the server already has {c.max_connections} connections (max_connections); "
                         "try again shortly")
-            if self._by_seat[seat.key] >= seat.limit:
-                where = "your address" if seat.setting == "max_connections_per_address" else seat.key
-                return (f"{seat.limit} connections are already open from {where} ({seat.setting}); "
-                        "close some tabs")
-            self.num_connections += 1
-            self._by_seat[seat.key] += 1
+            self.num_connections += 1           # held while the seat is asked for (maybe over the network)
+        if not self.shared.seats.acquire(seat):
+            with self._count_lock:
+                self.num_connections -= 1
+            where = "your address" if seat.setting == "max_connections_per_address" else seat.key
+            return (f"{seat.limit} connections are already open from {where} ({seat.setting}); "
+                    "close some tabs")
         return None
 
     def close_connection(self, seat: Seat) -> None:
+        self.shared.seats.release(seat)
         with self._count_lock:
             self.num_connections -= 1
-            self._by_seat[seat.key] -= 1
-            if self._by_seat[seat.key] <= 0:
-                del self._by_seat[seat.key]
 
     def count_cut_off(self, setting: str) -> None:
         with self._count_lock:
@@ -120,12 +123,19 @@ class Runtime:
     def shutdown(self) -> None:
         self.loop.shutdown()
         self.jobs.close()   # after the loop: ends every job, and any worker processes with it
+        self.shared.close()
 
 
 def init_app(app: Flask, loaded=None) -> Runtime:
     runtime = Runtime(app.config["SENDLENS"], loaded)
     app.extensions["sendlens"] = runtime
     atexit.register(runtime.shutdown)
+    replica = runtime.config.replica_id
+    if replica:
+        @app.after_request
+        def name_the_replica(resp):      # which replica answered, seen through the balancer
+            resp.headers["X-Sendlens-Replica"] = replica
+            return resp
     return runtime
 
 

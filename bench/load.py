@@ -4,6 +4,7 @@
     python -m bench.load --clients 30 --seconds 20 --drop     # ... each dropping its TCP connection mid-answer
     python -m bench.load --clients 40 --seconds 60 --room K7QX2M9A   # 40 students join a room and chat in it
     python -m bench.load --clients 8 --seconds 30 --neighbour template   # ... beside one flooding client
+    python -m bench.load --replicas 2 --clients 100 --seconds 60   # 2 replicas behind nginx against 1 server
 
 Each client sends a chat request, reads the stream to `done`, and sends the next, until the time
 is up (then it finishes the answer in flight). Reported, in vLLM's serving-benchmark terms:
@@ -16,7 +17,9 @@ connection watches the room as the first student does and counts the `room_updat
 it (the presenter's update rate). Loopback only by default:
 `--url` must name this machine (a load test never leaves it). `--neighbour TYPE` runs the
 classroom twice, alone and beside one client flooding TYPE (bench/neighbour.py), and reports the
-bystanders' median TPOT in each.
+bystanders' median TPOT in each. `--replicas N` starts its own deployments instead of using
+`--url`: one server alone, then N replicas sharing Redis behind nginx, and plays the same readers
+against each (bench/balancer.py); `--readme` writes that table into README.md.
 """
 
 import argparse
@@ -234,8 +237,14 @@ def main(argv=None) -> int:
     p.add_argument("--room", help="a room's code: each client joins it as a student and chats in it")
     p.add_argument("--neighbour", choices=("template", "stop", "attention", "generate"),
                    help="also run the classroom beside one client flooding this message type; compare TPOT")
+    p.add_argument("--replicas", type=int, help="start 1 server, then this many replicas behind nginx and Redis, "
+                                                 "and measure both (bench/balancer.py)")
+    p.add_argument("--model", default="smollm2-135m", help="with --replicas: the model the servers load")
+    p.add_argument("--readme", action="store_true", help="with --replicas: write the table into README.md")
     p.add_argument("--json", help="also write the report to this file")
     args = p.parse_args(argv)
+    if args.replicas is not None:
+        return replicas_main(p, args)
     host = urlsplit(args.url).hostname
     if host not in LOOPBACK:
         p.error(f"--url must be on this machine ({', '.join(sorted(LOOPBACK))}); got {host!r}")
@@ -263,6 +272,29 @@ def main(argv=None) -> int:
           and after["kv"]["free_blocks"] == before["kv"]["free_blocks"] and after["connections"] == 0)
     print("OK: nothing lost, every block back" if ok else "NOT OK: see lost, errors and the KV blocks above")
     return 0 if ok else 1
+
+
+def replicas_main(p, args) -> int:
+    from . import balancer
+    from .replicas import missing_binaries
+    from app.replicas import MAX_REPLICAS
+    if not 2 <= args.replicas <= MAX_REPLICAS:
+        p.error(f"--replicas must be 2..{MAX_REPLICAS}")
+    if not 1 <= args.clients <= MAX_CLIENTS or not 0 < args.seconds <= MAX_SECONDS:
+        p.error(f"--clients must be 1..{MAX_CLIENTS} and --seconds 0..{MAX_SECONDS}")
+    if missing_binaries():
+        p.error(f"--replicas needs Debian's {' and '.join(missing_binaries())} (apt-get install nginx redis-server)")
+    report = balancer.compare(args.replicas, args.clients, args.seconds, args.max_tokens, args.model)
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(json.dumps(report, indent=2) + "\n")
+    text = balancer.table(report)
+    print(text)
+    if args.readme:
+        balancer.write_readme(text)
+    lost = sum(r["errors"].get("lost", 0) for r in report["rows"])
+    return 0 if lost == 0 else 1
 
 
 if __name__ == "__main__":

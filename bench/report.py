@@ -174,11 +174,12 @@ def quantization_lines(data) -> list[str]:
     return out + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
 
 
-def write_readme(table: str, path: Path = README) -> None:
-    """Replace the README's benchmark section (between the bench markers) with the table."""
+def write_readme(table: str, path: Path = README, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the README's section between `begin` and `end` (the benchmark's markers by default)
+    with the table."""
     text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} section")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no {begin} ... {end} section")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{table}\n{end}{tail}")

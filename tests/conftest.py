@@ -36,7 +36,7 @@ def pytest_sessionstart(session):
 # timeouts (pings, idle connections, a stopped process): `make test` runs them, `make fast` (the
 # inner loop, -m "not slow") leaves them out. Matched by file name, in tests/ and tests/widgets/;
 # a single test elsewhere that does the same carries @pytest.mark.slow itself.
-SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py",
+SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py", "test_replicas.py",
                 "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py"}
 
 
@@ -58,8 +58,9 @@ def uses_conftest_fixture(item, names: set[str]) -> bool:
 # `make test` runs the suite in two processes (pytest-xdist; tests/xdist_groups.py schedules):
 # one test module is one group, so a module's own server or engine starts once; every test of the
 # real-model server (`python -m app`, whose first jobs take minutes) is one group, so one server
-# computes them once; and the tests that load transformers' reference share a process too.
-XDIST_GROUPS = (("real-server", {"server"}), ("transformers", {"hf_reference", "logit_bounds"}))
+# computes them once, and the replicas behind nginx (servers of their own) join it; and the tests
+# that load transformers' reference share a process too.
+XDIST_GROUPS = (("real-server", {"server", "replicas"}), ("transformers", {"hf_reference", "logit_bounds"}))
 
 
 def xdist_group(item) -> str:
@@ -319,6 +320,21 @@ def server(artifacts_dir):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """Two replicas of `python -m app` (the tiny model), Redis and nginx on free loopback ports
+    (bench/replicas.py), each replica allowing 3 connections per address; stopped after the module.
+    Skipped where Debian's nginx or redis-server is missing (`make test` installs both)."""
+    from bench.replicas import Deployment, missing_binaries
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"the replica test needs Debian's {' and '.join(missing)} (apt-get install nginx "
+                    "redis-server; make test installs them)")
+    with Deployment(tmp_path_factory.mktemp("replicas"), replicas=2, model="tiny",
+                    settings={"max_connections_per_address": 3}) as deployment:
+        yield deployment
+
+
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():  # `make test` installs it; a missing browser must not pass quietly
@@ -528,8 +544,8 @@ class Client(simple_websocket.Client):
 class WS:
     """A websocket client that keeps replies to other ids aside while waiting for one id."""
 
-    def __init__(self, url: str):
-        self.client = Client.connect(url)
+    def __init__(self, url: str, headers: dict | None = None):
+        self.client = Client.connect(url, headers=headers)
         self.backlog: list[dict] = []
         self.counter = 0
         raw = self.client.receive(TIMEOUT)

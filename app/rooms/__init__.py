@@ -24,8 +24,8 @@ def init_app(app, config, runtime) -> Registry:
     elif config.testing:                  # a test server starts with no rooms of earlier runs
         path = Path(tempfile.mkdtemp(prefix="sendlens-rooms-")) / "rooms.sqlite3"
     else:
-        path = default_path(config.engine.cache_dir)
-    registry = Registry(config, Store(path), runtime.engine)
+        path = default_path(config.engine.cache_dir, config.replica_id)
+    registry = Registry(config, Store(path), runtime.engine, runtime.shared.routes)
     app.extensions["sendlens_rooms"] = registry
     app.register_blueprint(views.bp)
     atexit.register(registry.shutdown)

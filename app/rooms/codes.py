@@ -14,8 +14,9 @@ CODE_LENGTH = 8
 SECRET_BYTES = 32
 
 
-def new_code() -> str:
-    return "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
+def new_code(first: str = "") -> str:
+    """A fresh code; first: its first symbol (a replica's, app/replicas.py), else random too."""
+    return first + "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH - len(first)))
 
 
 def new_secret() -> str:

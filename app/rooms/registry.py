@@ -6,6 +6,10 @@ and runs one ticker thread that, ten times a second, pushes `room_update`s to wa
 (updates.py), writes finished records and new step rows to the store, stops idle engines, and
 closes a room idle for `room_idle_close_s`. On start it reloads every open room from the store,
 so a restarted server keeps its rooms, members, records and steps.
+
+Behind a balancer, a replica's rooms have codes that start with its symbol (app/replicas.py),
+and each code is claimed in the shared routes (app/shared/routes.py) before it is used, so no
+two replicas hand out one code.
 """
 
 import itertools
@@ -29,8 +33,13 @@ JOIN_WINDOW_S = 60.0
 
 
 class Registry:
-    def __init__(self, config, store: Store, base_engine):
+    def __init__(self, config, store: Store, base_engine, routes=None):
+        """routes: the deployment's rooms' routes (app/shared/routes.py); None: this registry's own."""
+        from ..replicas import code_symbol
+        from ..shared.routes import LocalRoutes
         self.config, self.store, self.base_engine = config, store, base_engine
+        self.routes = routes if routes is not None else LocalRoutes()
+        self.symbol = code_symbol(config.replica_id)     # the first symbol of this replica's codes
         self.rooms: dict[str, Room] = {}
         self.lock = threading.Lock()
         self.joins: dict[str, deque] = defaultdict(deque)   # address -> times of its join attempts
@@ -45,9 +54,10 @@ class Registry:
             if len(self.rooms) >= self.config.room_max_rooms:
                 raise RoomError("room_limit", "room", f"{self.config.room_max_rooms} rooms are already open "
                                                       "(room_max_rooms); close one or try later")
-            code = codes.new_code()
-            while code in self.rooms or self.store.room(code) is not None:
-                code = codes.new_code()
+            code = codes.new_code(self.symbol)
+            while code in self.rooms or self.store.room(code) is not None or \
+                    not self.routes.claim(code, self.config.replica_id):
+                code = codes.new_code(self.symbol)
             room = Room(code, codes.new_secret(), room_settings.defaults(self.config.max_tokens_limit),
                         self.config, time.time())
             self.store.add_room(code, room.presenter_key, room.settings.as_dict(), room.state.value)
@@ -133,6 +143,9 @@ class Registry:
                     record.state = RequestState.ABORTED
                 room.records[record.id] = record
             room.ids = itertools.count(1 + max((int(r[1:]) for r in room.records), default=-1))
+            if not self.routes.claim(room.code, self.config.replica_id):
+                log.error("room %s is claimed by replica %s, not this one (%r): two replicas share an id "
+                          "or a rooms_db_path", room.code, self.routes.owner(room.code), self.config.replica_id)
             steps = self.store.steps(room.code)
             room.num_steps = steps[-1]["step"] + 1 if steps else 0
             room.busy_sum = sum(busy_slots(s) for s in steps)

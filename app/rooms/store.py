@@ -30,9 +30,12 @@ CREATE TABLE IF NOT EXISTS steps (
 """
 
 
-def default_path(cache_dir: str | None) -> Path:
+def default_path(cache_dir: str | None, replica_id: str = "") -> Path:
+    """<cache dir>/rooms.sqlite3; a replica's own file, rooms-<id>.sqlite3, when `replica_id` is set
+    (replicas on one machine must not load each other's rooms)."""
     from toy_models.registry import default_cache_dir
-    return (Path(cache_dir) if cache_dir else default_cache_dir()) / "rooms.sqlite3"
+    name = f"rooms-{replica_id}.sqlite3" if replica_id else "rooms.sqlite3"
+    return (Path(cache_dir) if cache_dir else default_cache_dir()) / name
 
 
 class Store:

@@ -165,7 +165,7 @@ def test_the_roof_is_timed_on_the_points_own_product(tiny_loaded, monkeypatch, f
 
 
 @pytest.mark.real_model
-def test_throughput_at_64_rows_is_several_times_one_row(real_ws, hf_reference):
+def test_the_shapes_are_the_real_models_and_each_speedup_its_own_timings(real_ws, hf_reference):
     hf_model, _ = hf_reference
     r = real_ws.job("gemm", timeout=180, format="fp32", max_rows=64)
     # the shapes are the real model's: each product's weight is a weight of transformers' model
@@ -176,10 +176,11 @@ def test_throughput_at_64_rows_is_several_times_one_row(real_ws, hf_reference):
     layer = hf_model.model.layers[0]
     assert r["shapes"][0]["n"] == sum(getattr(layer.self_attn, f"{x}_proj").weight.shape[0] for x in "qkv")
     assert r["shapes"][2]["n"] == layer.mlp.gate_proj.weight.shape[0] + layer.mlp.up_proj.weight.shape[0]
-    # Measured on this machine (2 threads, shared): 4 to 19 times, per shape, in fp32 and bf16. A
-    # weight read once serves 64 rows, so the median shape clears 2 with a wide margin.
-    speedups = sorted(s["speedup_64"] for s in r["shapes"])
-    assert speedups[2] > 2, speedups
+    # each shape's speed-up is its own timings' ratio (how large it is, is the benchmark's and the
+    # page's to say: a test asserts no speed)
+    for s in r["shapes"]:
+        rows = {p["rows"]: p for p in r["points"] if p["shape"] == s["name"]}
+        assert s["speedup_64"] == rows[64]["rows_per_s"] / rows[1]["rows_per_s"] > 0, s
 
 
 @pytest.mark.browser

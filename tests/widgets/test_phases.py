@@ -136,10 +136,10 @@ def test_phases_on_the_real_model(real_ws, hf_reference):
     # the weights counted are the model's real parameters: transformers' count from the same GGUF
     assert r["num_params"] == sum(p.numel() for p in hf_model.parameters())
     assert r["weight_bytes"] == decode_weight_bytes(real_ws.hello)
-    # 16 times the prompt is more prefill time (a relation of work, a factor of 16, not a speed)
+    # the sweep's ends are 16 times apart in work (how much longer that takes is the page's to show;
+    # a test asserts no time)
     first, last = r["prefill"][0], r["prefill"][-1]
     assert last["prompt_tokens"] == 16 * first["prompt_tokens"]
-    assert last["ms"] > first["ms"]
 
 
 @pytest.mark.browser

@@ -168,10 +168,9 @@ def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference,
     hf_model, _ = hf_reference
     fmt = real_ws.hello["weight_format"]
     assert fmt == smollm_served.engine.config.weight_format.value
+    from bounds import LogitBounds, clear_choices
+
     from core.model.linear import q4_kernel_isa
-    # |engine logit - transformers'| per format, derived against float64 (tests/bounds.py: LogitBounds,
-    # the bound test_parity checks); a choice is clear when the lead exceeds twice it
-    bound = logit_bounds.bound(fmt, q4_kernel_isa(), smollm_served.engine.config.lm_head_candidates)
     inputs = {"rate": 8.0, "requests": 6, "seed": 2, "batch_limits": [4], "max_waiting": 2,
               "ttft_ms": 2000.0, "tpot_ms": 500.0, "run": 1}
     r = real_ws.job("slo", timeout=180, **inputs)
@@ -186,15 +185,19 @@ def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference,
         params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=True)
         (alone,) = smollm_served.generate([list(req["prompt"])], params)
         assert q["token_ids"] == alone.token_ids
-        ids = list(req["prompt"])
-        for token in alone.token_ids:
-            with torch.no_grad():
-                top = hf_model(torch.tensor([ids])).logits[0, -1].topk(2)
-            if top.values[0] - top.values[1] > 2 * bound:
-                assert token == int(top.indices[0]), (fmt, len(ids))
-                clear += 1
-            ids.append(token)
-    assert clear >= 8, "enough clear choices to compare"
+        # transformers' logits at each step, and each logit's bound on this very text
+        # (tests/bounds.py: LogitBounds, the derivation test_parity checks on its prompt)
+        ids = list(req["prompt"]) + alone.token_ids
+        steps = slice(len(req["prompt"]) - 1, len(ids) - 1)
+        with torch.no_grad():
+            ref = hf_model(torch.tensor([ids])).logits[0, steps]
+        bound = LogitBounds(logit_bounds.model, ids).logit_bound(
+            fmt, q4_kernel_isa(), smollm_served.engine.config.lm_head_candidates)[steps]
+        sure = clear_choices(ref, bound)
+        chosen = torch.tensor(alone.token_ids)
+        assert torch.equal(chosen[sure], ref.argmax(-1)[sure]), (fmt, sure)
+        clear += int(sure.sum())
+    assert clear >= 8, ("enough clear choices to compare", clear)
 
 
 @pytest.mark.browser
