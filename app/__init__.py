@@ -4,7 +4,7 @@
 
 Flask's application-factory pattern: the factory builds the config, starts the one engine
 (runtime.init_app) and registers the blueprints: pages (/ and /healthz), embeds (/embed/<name>),
-live (/ws), assets (/vendor/...), benchmark (/benchmark) and the classroom rooms (/room/...); text responses go out gzipped
+live (/ws), assets (/vendor/...), benchmark (/benchmark), recordings (/recordings/...) and the classroom rooms (/room/...); text responses go out gzipped
 (compress).
 """
 
@@ -40,12 +40,16 @@ def create_app(config: ServerConfig | dict | None = None, loaded=None) -> Flask:
     app.register_blueprint(assets.bp)
     app.register_blueprint(benchmark.bp)
     live.sock.init_app(app)
+    from .recordings import meta, store
+    store.init_app(app)
 
     from .facts import facts
     from .sections import BADGES
     from .widgets import BY_NAME
 
-    app.context_processor(lambda: {"badges": BADGES, "built": BY_NAME,
+    source = lambda: meta.page_source(cfg.model, cfg.engine.num_threads,  # noqa: E731
+                                      "/recordings/" if cfg.recordings_dir else None)
+    app.context_processor(lambda: {"badges": BADGES, "built": BY_NAME, "source": source(),
                                    "facts": facts(app.extensions["sendlens"].facts())})
     return app
 

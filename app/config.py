@@ -78,6 +78,7 @@ class ServerConfig:
     shared_cache_ttl_s: int = 3600        # a job result stays in the shared cache this long
     # -- pages --
     bench_results: str = "bench/results/latest.json"  # the benchmark's JSON shown at /benchmark (relative: to the project root)
+    recordings_dir: str = ""              # recordings an embed falls back on (python -m app.export's DIR/recordings); empty: none
     testing: bool = False
 
     def __post_init__(self):

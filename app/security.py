@@ -73,6 +73,7 @@ def origin_allowed(origin: str | None, host: str, trusted: list[str], allowed: s
 def init_app(app: Flask, cfg) -> None:
     trusted = machine_names() + cfg.trusted_hosts.split()
     allowed = set(cfg.allowed_origins.split())
+    app.extensions["sendlens_allowed_origins"] = allowed   # the set the origin check reads (a test may add one)
     proxies = parse_networks(cfg.trusted_proxies)
     app.config["TRUSTED_HOSTS"] = trusted
     styles = style_policy()

@@ -442,6 +442,34 @@ def shoot_widget(pg, name: str, artifacts_dir, query: str = "", ready_timeout: f
     assert pg.console_errors == [] and pg.page_errors == [], (pg.console_errors, pg.page_errors)
 
 
+def axe_blocking(page) -> list[str]:
+    """axe-core's serious and critical violations on the page (a page served
+    with the site's CSP needs a context with bypass_csp=True to let axe in)."""
+    from axe_playwright_python.sync_playwright import Axe
+    found = Axe().run(page, options={"resultTypes": ["violations"]}).response["violations"]
+    return [f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}" for v in found if v["impact"] in ("serious", "critical")]
+
+
+def author_page(html: str) -> str:
+    """A page of `html` served on a free loopback port until the process ends: its URL."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/"
+
+
 # ---- worker processes (core/parallel/workers.py) left behind? -------------------------------------------
 
 def alive(pid: int) -> bool:

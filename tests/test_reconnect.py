@@ -6,7 +6,9 @@ The page's WebSocket is wrapped by an init script (the client has no test hook):
 every socket the page opens, counts what each sends, and while `window.__wsBlocked` is set, points
 new sockets at a closed port, so the reconnecting client fails until the test lets it through. The
 socket is closed from the page, as a dropped connection reads to the client (not the server's idle
-close, after which the client waits quietly).
+close, after which the client waits quietly). The script also keeps the page from storing its last
+live result, and the server serves no recordings, so the embed has none to fall back on and says
+that it lost the connection (its fallback to a recording: tests/test_embed_fallback.py).
 """
 
 import pytest
@@ -36,6 +38,7 @@ WRAP_WEBSOCKET = """
     }
   }
   window.WebSocket = Watched;
+  Storage.prototype.setItem = () => {};   // no last live result to fall back on (static/js/source.js)
 })();
 """
 

@@ -8,6 +8,8 @@
 // short `retry_after_s` (a rate or a work budget, not a full server) is sent again by itself once
 // that time has passed; its owner hears a `waiting` message meanwhile.
 
+import { SharedSocket, WORKER_FAILED, shareable } from "./shared-socket.js";
+
 const TERMINAL = new Set(["done", "error"]);
 const IDLE_CLOSE = 4000;  // the server's close code for an idle connection
 const RETRY_WAIT_MAX_S = 10;   // retry by itself only when the server says a retry succeeds this soon
@@ -17,6 +19,16 @@ const RETRIES_MAX = 3;         // ... and at most this many times for one reques
 function retryable(msg, entry) {
   return msg.type === "error" && msg.code === "overloaded" && typeof msg.retry_after_s === "number"
     && msg.retry_after_s <= RETRY_WAIT_MAX_S && entry.retries < RETRIES_MAX;
+}
+
+// Why did the connection `c` end: "overloaded" (the server refused it; one that opened and closed
+// with no word after such a refusal is taken as another), "unreachable" (it never opened) or
+// "closed" (the server had admitted it).
+function closeReason(c) {
+  if (c.refusal?.code === "overloaded") return "overloaded";
+  if (!c.opened) return "unreachable";
+  if (!c.admitted && c.closeReason === "overloaded") return "overloaded";
+  return "closed";
 }
 
 class Gate {
@@ -37,13 +49,19 @@ class Gate {
 }
 
 class Client {
-  constructor(url) {
+  // share: open the connection through the SharedWorker (shared-socket.js) instead of a WebSocket
+  constructor(url, { share = false } = {}) {
     this.url = url;
+    this.share = share;
     this.pending = new Map();      // id -> { kind, onMessage, release }
     this.outbox = [];              // messages waiting for the socket to open
     this.hello = null;             // the server's hello: model facts and limits
     this.helloWaiters = [];
     this.statusListeners = new Set();
+    this.helloListeners = new Set();
+    this.refusal = null;           // an error without an id on this connection (overloaded: full)
+    this.opened = false;           // did this connection open?
+    this.closeReason = null;       // why the last connection ended: "overloaded", "unreachable" or "closed"
     this.counter = 0;
     this.backoff = 500;
     this.status = "connecting";
@@ -55,15 +73,23 @@ class Client {
 
   connect() {
     this.setStatus("connecting");
-    const ws = new WebSocket(this.url);
+    const ws = this.share ? new SharedSocket(this.url) : new WebSocket(this.url);
     this.ws = ws;
+    this.refusal = null;
+    this.opened = false;
+    this.admitted = false;
     ws.addEventListener("open", () => {
-      this.backoff = 500;
+      this.opened = true;
       this.setStatus("open");
       for (const text of this.outbox.splice(0)) ws.send(text);
     });
     ws.addEventListener("message", (event) => this.dispatch(JSON.parse(event.data)));
     ws.addEventListener("close", (event) => {
+      if (event.code === WORKER_FAILED) {   // the browser refused the shared socket: a socket of our own
+        this.share = false;
+        this.connect();
+        return;
+      }
       this.outbox = [];  // their owners are told below that they failed: never send them later
       for (const [id, entry] of this.pending) {
         clearTimeout(entry.timer);
@@ -71,6 +97,7 @@ class Client {
         entry.onMessage({ type: "error", id, code: "disconnected", message: "The connection to the server was lost." });
       }
       this.pending.clear();
+      this.closeReason = closeReason(this);
       if (event.code === IDLE_CLOSE) {
         // The server closed a quiet connection: reconnect only when a widget next needs it.
         this.hello = null;
@@ -100,12 +127,18 @@ class Client {
       this.requestTypes = new Set(msg.request_types || ["generate"]);
       this.gates.job.setLimit(msg.limits?.max_jobs_per_connection ?? 1);
       this.gates.generate.setLimit(msg.limits?.max_requests_per_connection ?? 1);
+      this.backoff = 500;   // admitted: a refusal (overloaded, then closed) keeps backing off
+      this.admitted = true;
       for (const resolve of this.helloWaiters.splice(0)) resolve(msg);
+      for (const fn of this.helloListeners) fn(msg);
       return;
     }
     const entry = msg.id !== null && msg.id !== undefined ? this.pending.get(msg.id) : undefined;
     if (!entry) {
-      if (msg.type === "error") console.warn("sendlens server:", msg.message);
+      if (msg.type === "error") {
+        if (msg.id === null || msg.id === undefined) this.refusal = msg;
+        console.warn("sendlens server:", msg.message);
+      }
       return;
     }
     if (retryable(msg, entry)) {
@@ -190,28 +223,44 @@ class Client {
   // A request with one reply (template, tokenize, jobs ...): resolves with it, rejects on error.
   // options.onProgress(msg) hears the job's progress messages; options.signal (AbortSignal) aborts it.
   call(body, options = {}) {
-    return new Promise((resolve, reject) => {
-      const handle = this.request(body, (msg) => {
-        if (msg.type === "progress") options.onProgress?.(msg);
-        else if (msg.type === "waiting") options.onWaiting?.(msg);
-        else if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
-        else resolve(msg);
-      });
-      options.signal?.addEventListener("abort", () => handle.abort(), { once: true });
-    });
+    return callVia(this, body, options);
   }
+
+  // fn(hello) on every hello, that is each time a connection is made and the server admits it.
+  // Returns the function that stops listening.
+  onHello(fn) {
+    this.helloListeners.add(fn);
+    return () => this.helloListeners.delete(fn);
+  }
+}
+
+// `call` over any client's request(body, onMessage): shared by this client and the recorded ones
+// (static/js/recorded.js), so that every client answers a widget's call alike.
+export function callVia(client, body, options = {}) {
+  return new Promise((resolve, reject) => {
+    const handle = client.request(body, (msg) => {
+      if (msg.type === "progress") options.onProgress?.(msg);
+      else if (msg.type === "waiting") options.onWaiting?.(msg);
+      else if (msg.type === "error") reject(Object.assign(new Error(msg.message), msg));
+      else resolve(msg);
+    });
+    options.signal?.addEventListener("abort", () => handle.abort(), { once: true });
+  });
 }
 
 let shared = null;
 
-export function getClient() {
+// The page's one client: of this server, or of `server` (a base URL) when the page names another
+// (a static export's "Run it live").
+export function getClient(server = null) {
   if (!shared) {
-    const url = new URL("/ws", window.location.href);
+    const url = new URL("/ws", server || window.location.href);
     // a room's student page names its room, so that a browser that joined several rooms talks in this one
     const room = document.querySelector("[data-ws-room]")?.dataset.wsRoom;
     if (room) url.searchParams.set("room", room);
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-    shared = new Client(url.href);
+    // an embed in another page's frame shares one socket with the other embeds of this origin
+    shared = new Client(url.href, { share: !server && !room && shareable() });
   }
   return shared;
 }

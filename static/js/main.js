@@ -1,10 +1,11 @@
 // Boot: mount each widget from its own ES module when it comes near the screen, give it a
-// context (the shared websocket client and its options from the URL), and keep the
-// "Embed this widget" snippet in step with the reader's settings.
+// context (its client, from static/js/source.js: the shared websocket client or a recording, and
+// its options from the URL), and keep the "Embed this widget" snippet in step with the reader's
+// settings.
 
-import { getClient } from "./client.js";
 import { setState } from "./lib/dom.js";
 import { readOptions, toQuery } from "./lib/options.js";
+import { start } from "./source.js";
 
 const EMBED = document.body.classList.contains("embed");
 
@@ -20,13 +21,13 @@ function rawOptions(name) {
   return raw;
 }
 
-function makeContext(root, name) {
+function makeContext(root, name, client) {
   const frame = root.closest(".widget-frame");
   const snippet = frame?.querySelector(".snippet");
   return {
     name,
     embed: EMBED,
-    client: getClient(),
+    client,
     options: rawOptions(name),
     // Read this widget's options against its spec: { values, invalid }.
     readOptions(spec) { return readOptions(this.options, spec); },
@@ -76,9 +77,11 @@ async function mountWidget(root) {
   const name = root.dataset.widget;
   try {
     const [module] = await Promise.all([import(`./widgets/${name}.js`), loadStyle(name)]);
-    root.replaceChildren();
-    const unmount = module.mount(root, makeContext(root, name));
-    root.sendlensUnmount = typeof unmount === "function" ? unmount : () => {};
+    await start(root, name, (client) => {
+      root.replaceChildren();
+      const unmount = module.mount(root, makeContext(root, name, client));
+      return typeof unmount === "function" ? unmount : () => {};
+    }, { embed: EMBED });
   } catch (err) {
     console.error(err);
     setState(root, "error", `The ${name} widget failed to load: ${err.message}`);

@@ -8,7 +8,8 @@ export function loadPlotly() {
   if (!loading) {
     loading = new Promise((resolve, reject) => {
       const script = document.createElement("script");
-      script.src = "/vendor/plotly.min.js";
+      // relative to this module (/static/js/lib/ -> /vendor/), so a static export serves it too
+      script.src = new URL("../../../vendor/plotly.min.js", import.meta.url).href;
       script.async = true;
       script.onload = () => resolve(window.Plotly);
       script.onerror = () => { loading = null; reject(new Error("plotly.js failed to load from this server")); };
