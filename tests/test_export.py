@@ -1,7 +1,7 @@
 """The static export (app/export.py) in Chromium: its widgets play recordings with no server.
 
-One export per module, recorded from the session's tiny live server (`live_server`) for a small
-set of widgets (a full export records every widget the same way; docs/export.md gives its time),
+One export per module, recorded from the session's tiny live server (`live_server`) for every
+widget (its defaults, and the presets docs/widgets.md names for the export),
 served by `python -m http.server` on loopback. Every recorded widget reaches data-state="ready"
 with data-source="recording", opens no websocket, requests nothing outside the export and logs no
 error; a reader's own text says it needs the live server; "Run it live" (?server=) turns a widget
@@ -18,21 +18,30 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import axe_blocking, free_port
+from conftest import axe_blocking, free_port, serve_app
 
 pytestmark = pytest.mark.browser
 
-# Widgets of several kinds: a one-message job (tokenizer), a job with progress (embedding), a
-# browser-only calculator with one hello (kv-memory), and attention (several calls in a row).
-WIDGETS = ["tokenizer", "embedding", "kv-memory", "attention"]
+# every widget, recorded on the tiny model (about 100 s on two cores: a page load each)
+from app.widgets import BY_NAME  # noqa: E402
+
+WIDGETS = list(BY_NAME)
 
 
 @pytest.fixture(scope="module")
-def exported(live_server, browser, tmp_path_factory):
+def recording_server(tiny_loaded):
+    """The tiny model served with the default limits, as `python -m app.export --model tiny` serves
+    it (the live server's small test limits refuse some widgets' default texts)."""
+    yield from serve_app({"model": "tiny", "testing": True}, tiny_loaded)
+
+
+@pytest.fixture(scope="module")
+def exported(recording_server, browser, tmp_path_factory):
     from app.export import export
     out = tmp_path_factory.mktemp("export")
     log = io.StringIO()
-    recordings = export(out, app=live_server.app, base=live_server.http, names=WIDGETS, log=log, browser=browser)
+    recordings = export(out, app=recording_server.app, base=recording_server.http, names=WIDGETS, log=log,
+                        browser=browser)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "-d", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,6 +119,13 @@ def test_every_widget_plays_its_recording_without_a_server(static_page, exported
             assert badge.inner_text().startswith("recorded on "), badge.inner_text()
             page.screenshot(path=str(artifacts_dir / "export-tokenizer-1280.png"))
             assert axe_blocking(page) == []
+    # the walkthrough: every widget on one page, each from its recording
+    page.goto(f"{exported.base}/index.html")
+    for name in WIDGETS:
+        root = page.locator(f'[data-widget="{name}"]')
+        root.scroll_into_view_if_needed()
+        page.wait_for_selector(f'[data-widget="{name}"][data-state="ready"]', timeout=60_000)
+        assert root.get_attribute("data-source") == "recording", name
     # in a 600x450 iframe of another page, and on a phone: no sideways scrolling
     page.goto(f"{exported.base}/index.html")   # a page of the export's origin (http.server sends no CSP)
     page.set_content(f'<iframe src="{exported.base}/embed/attention/index.html" width="600" height="450" '
