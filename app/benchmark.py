@@ -7,7 +7,7 @@ prints it, badged "measured on <machine>, <date of the run>"; the targets are th
 bench/report.py's targets() over its results for a file written before it stored them. A missing or
 unreadable file gives a page that says how to make one (404), never a server error.
 
-The page: a table per question (decode alone, decode beside a busy process, prefill, aggregate
+The page: a table per question (decode alone, with speculative decoding, beside a busy process, prefill, aggregate
 decode at 8/32/64 requests with TTFT and TPOT p50/p99, the machine's limits with each system's
 decode alone as a share of its bandwidth limit, the targets), each
 number an element with data-figure/data-value; static/js/benchmark.js draws the plots from the
@@ -25,7 +25,7 @@ from . import ROOT
 
 bp = Blueprint("benchmark", __name__)
 
-SINGLE = ("decode_1", "decode_1_contended", "prefill_512", "prefill_4096")   # one number per system
+SINGLE = tuple(sc for sc, _ in report.ROWS if not sc.startswith("serve_"))   # one number per system, README order
 SERVE = (8, 32, 64)                                                         # concurrent requests
 LATENCY = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 LIMITS = (("memory_bandwidth_gb_s", "memory read bandwidth", "GB/s"),
