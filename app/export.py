@@ -17,13 +17,13 @@ import argparse
 import re
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from core.errors import InvalidParameter
 
+from .loopback import serve
 from .recordings import meta, store
 from .recordings.recorder import record
 
@@ -120,24 +120,6 @@ def export(out: Path, *, app, base: str, names: list[str] | None = None, server:
     return recordings
 
 
-def serve(app):
-    """The app on a free loopback port in a thread: (base URL, stop)."""
-    from werkzeug.serving import WSGIRequestHandler, make_server
-
-    class Quiet(WSGIRequestHandler):
-        def log_request(self, *args, **kwargs):   # the progress lines are the recorder's
-            pass
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet)
-    thread = threading.Thread(target=server.serve_forever, name="export-server", daemon=True)
-    thread.start()
-
-    def stop():
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-    return f"http://127.0.0.1:{server.server_port}", stop
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="the folder to write (made if missing)")
@@ -163,7 +145,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     print("starting the engine …", file=sys.stderr, flush=True)
     app = create_app(values)
-    base, stop = serve(app)
+    base, stop = serve(app, name="export-server")
     try:
         recordings = export(args.out, app=app, base=base, names=names, server=args.server)
     finally:

@@ -200,24 +200,7 @@ def live_server(tiny_loaded):
 
     Yields a namespace: app, runtime, port, http (base URL), ws (the /ws URL).
     """
-    import threading
-    from types import SimpleNamespace
-
-    from werkzeug.serving import make_server
-
-    from app import create_app
-
-    app = create_app(dict(LIVE_SETTINGS), loaded=tiny_loaded)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="live-server", daemon=True)
-    thread.start()
-    port = server.server_port
-    yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port,
-                          http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws")
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
-    app.extensions["sendlens"].shutdown()
+    yield from serve_app(dict(LIVE_SETTINGS), tiny_loaded)
 
 
 # ---- engine helpers for the core tests --------------------------------------------------------
@@ -297,18 +280,8 @@ def server(artifacts_dir):
     try:
         # Hang-stopping only: a fresh machine's first start converts the model and may build the
         # C++ decoder (minutes on two busy cores).
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if get_json(base + "/healthz")["status"] == "ok":
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not answer /healthz in 600 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
+        from bench.replicas import wait_until
+        wait_until(lambda: get_json(base + "/healthz")["status"] == "ok", proc, "the server", log_path, timeout=600)
         yield SimpleNamespace(base=base, port=port, proc=proc)
     finally:
         proc.terminate()
@@ -695,15 +668,12 @@ def serve_app(settings: dict, loaded):
     yields (app, runtime, port, http, ws), then shuts the server and the engine down."""
     from types import SimpleNamespace
 
-    from werkzeug.serving import make_server
-
     from app import create_app
+    from app.loopback import serve
     app = create_app(settings, loaded=loaded)
-    srv = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    port = srv.server_port
+    http, stop = serve(app, name="live-server")
+    port = int(http.rsplit(":", 1)[1])
     yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port,
-                          http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws")
-    srv.shutdown()
-    srv.server_close()
+                          http=http, ws=f"ws://127.0.0.1:{port}/ws")
+    stop()
     app.extensions["sendlens"].shutdown()

@@ -4,7 +4,6 @@ clients that carry a room's cookies in the handshake, as a browser does."""
 
 import http.client
 import json
-import threading
 import urllib.parse
 from types import SimpleNamespace
 
@@ -15,22 +14,17 @@ ROOM_SETTINGS = {"model": "tiny", "num_kv_blocks": 64, "room_kv_blocks": 128, "m
 
 
 def start(loaded, db_path, **settings) -> SimpleNamespace:
-    from werkzeug.serving import make_server
-
     from app import create_app
+    from app.loopback import serve
     app = create_app({**ROOM_SETTINGS, "rooms_db_path": str(db_path), **settings}, loaded=loaded)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="rooms-test-server", daemon=True)
-    thread.start()
+    base, stop_server = serve(app, name="rooms-test-server")
 
     def stop():
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+        stop_server()
         app.extensions["sendlens_rooms"].shutdown()
         app.extensions["sendlens"].shutdown()
-    port = server.server_port
-    return SimpleNamespace(app=app, port=port, http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws",
+    port = int(base.rsplit(":", 1)[1])
+    return SimpleNamespace(app=app, port=port, http=base, ws=f"ws://127.0.0.1:{port}/ws",
                            rooms=app.extensions["sendlens_rooms"], stop=stop)
 
 

@@ -10,7 +10,6 @@ import math
 import statistics
 
 import pytest
-import torch
 
 from app.widgets import slo as slo_widget
 from conftest import figure_value, shoot_widget, wait_ready
@@ -159,18 +158,14 @@ def test_slo_job_on_the_tiny_model(ws):
 
 
 @pytest.mark.real_model
-def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference, smollm_served, logit_bounds):
-    """Batched and queued as the scheduler pleased, each request gets the greedy tokens it gets
-    alone in the same weight format (batch invariance), and those are transformers' greedy tokens
-    wherever transformers' choice is clear by more than the format's logit bound."""
+def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, smollm_served):
+    """Batched and queued as the scheduler pleased, each request gets exactly the greedy tokens it
+    gets alone in the same weight format (batch invariance). That those are transformers' greedy
+    tokens wherever its choice is clear of the format's bounds is test_parity's to check."""
     from core import SamplingParams
 
-    hf_model, _ = hf_reference
     fmt = real_ws.hello["weight_format"]
     assert fmt == smollm_served.engine.config.weight_format.value
-    from bounds import LogitBounds, clear_choices
-
-    from core.model.linear import q4_kernel_isa
     inputs = {"rate": 8.0, "requests": 6, "seed": 2, "batch_limits": [4], "max_waiting": 2,
               "ttft_ms": 2000.0, "tpot_ms": 500.0, "run": 1}
     r = real_ws.job("slo", timeout=180, **inputs)
@@ -180,24 +175,11 @@ def test_served_tokens_are_the_requests_own_greedy_tokens(real_ws, hf_reference,
     requests = slo_widget.workload(r["inputs"], source)
     assert [q["arrival_s"] for q in requests] == r["arrivals_s"]
     run = r["runs"][0]
-    clear = 0
-    for q, req in list(zip(run["requests"], requests))[:3]:
+    assert len(run["requests"]) == len(requests) == 6
+    for q, req in zip(run["requests"], requests):
         params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=True)
         (alone,) = smollm_served.generate([list(req["prompt"])], params)
         assert q["token_ids"] == alone.token_ids
-        # transformers' logits at each step, and each logit's bound on this very text
-        # (tests/bounds.py: LogitBounds, the derivation test_parity checks on its prompt)
-        ids = list(req["prompt"]) + alone.token_ids
-        steps = slice(len(req["prompt"]) - 1, len(ids) - 1)
-        with torch.no_grad():
-            ref = hf_model(torch.tensor([ids])).logits[0, steps]
-        bound = LogitBounds(logit_bounds.model, ids).logit_bound(
-            fmt, q4_kernel_isa(), smollm_served.engine.config.lm_head_candidates)[steps]
-        sure = clear_choices(ref, bound)
-        chosen = torch.tensor(alone.token_ids)
-        assert torch.equal(chosen[sure], ref.argmax(-1)[sure]), (fmt, sure)
-        clear += int(sure.sum())
-    assert clear >= 8, ("enough clear choices to compare", clear)
 
 
 @pytest.mark.browser
