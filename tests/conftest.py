@@ -37,7 +37,7 @@ def pytest_sessionstart(session):
 # inner loop, -m "not slow") leaves them out. Matched by file name, in tests/ and tests/widgets/;
 # a single test elsewhere that does the same carries @pytest.mark.slow itself.
 SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py", "test_replicas.py",
-                "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py"}
+                "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py", "test_worker_failed.py"}
 
 
 # Fixtures of this file that load the real model (in this process or in `python -m app`) or start

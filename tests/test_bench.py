@@ -168,6 +168,7 @@ def test_the_quantization_table_of_the_same_run():
     assert report.quantization_lines(fake_results()) == []                # a run without the table
 
 
+@pytest.mark.slow   # every weight format's held-out perplexity
 def test_the_quantization_table_reads_each_engines_model(make_tiny_engine):
     """bench/quality.py on tiny engines standing in for the run's `ours <format>` systems."""
     from types import SimpleNamespace

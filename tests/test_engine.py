@@ -389,6 +389,7 @@ def test_the_widgets_reference_model_is_fp32_on_the_same_weights(make_tiny_engin
     assert plain.view.reference_model is plain.view.model and plain.view.info()["weight_format"] == "fp32"
 
 
+@pytest.mark.slow   # a fresh Python process loading torch, each
 @pytest.mark.parametrize("torch_first", [True, False])
 def test_the_engine_warns_when_openmp_would_spin_long(torch_first):
     """libgomp reads GOMP_SPINCOUNT when torch loads it: core sets a short spin if it is imported

@@ -83,12 +83,14 @@ def test_quantization_refuses_bad_input_naming_the_field(ws):
         assert param in err["message"]
 
 
+@pytest.mark.slow   # every weight format's held-out perplexity
 def test_four_formats_on_the_tiny_model(ws):
     n = len(ws.call("tokenize", text=TEXT)["tokens"])
     r = ws.job("quantization", timeout=600, text=TEXT)
     check_reply(r, n, "q4_1")
 
 
+@pytest.mark.slow   # every weight format's held-out perplexity
 def test_the_job_leaves_the_serving_engine_alone_and_keeps_perplexities(tiny_loaded):
     """Each format on its own sibling; the held-out perplexities are computed once per model."""
     from app.jobs import Progress
