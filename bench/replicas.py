@@ -68,6 +68,17 @@ def wait_until(check, proc, what: str, log: Path, timeout: float = START_TIMEOUT
         time.sleep(0.2)
 
 
+def stop_process(proc, sig=signal.SIGTERM, timeout: float = 30) -> None:
+    """Ask a process to end with `sig`; kill it if it has not ended in `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
 def _tail(path: Path) -> str:
     try:
         return path.read_text(errors="replace")[-3000:]
@@ -169,13 +180,7 @@ class Deployment:
         """nginx, then the replicas (SIGTERM: they close their sockets and their Redis lease),
         then Redis; each killed if it does not end in time."""
         for name, proc, log in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGQUIT if name == "nginx" else signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=15)
+            stop_process(proc, signal.SIGQUIT if name == "nginx" else signal.SIGTERM)
             log.close()
         self.procs.clear()
 

@@ -21,6 +21,8 @@ import pytest
 import simple_websocket
 from simple_websocket import ConnectionClosed
 
+from bench.replicas import stop_process, wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("SENDLENS_ARTIFACTS", ROOT / "artifacts"))
 
@@ -280,16 +282,10 @@ def server(artifacts_dir):
     try:
         # Hang-stopping only: a fresh machine's first start converts the model and may build the
         # C++ decoder (minutes on two busy cores).
-        from bench.replicas import wait_until
         wait_until(lambda: get_json(base + "/healthz")["status"] == "ok", proc, "the server", log_path, timeout=600)
         yield SimpleNamespace(base=base, port=port, proc=proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop_process(proc, timeout=15)
         log.close()
 
 
