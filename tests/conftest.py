@@ -419,8 +419,9 @@ def axe_blocking(page) -> list[str]:
     return [f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}" for v in found if v["impact"] in ("serious", "critical")]
 
 
-def author_page(html: str) -> str:
-    """A page of `html` served on a free loopback port until the process ends: its URL."""
+def author_page(html: str, host: str = "127.0.0.1") -> str:
+    """A page of `html` served on a free port of loopback address `host` until the process ends
+    (another address, such as 127.0.0.2, is another site): its URL."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
@@ -434,9 +435,9 @@ def author_page(html: str) -> str:
 
         def log_message(self, *args):
             pass
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer((host, 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_port}/"
+    return f"http://{host}:{server.server_port}/"
 
 
 # ---- worker processes (core/parallel/workers.py) left behind? -------------------------------------------

@@ -6,7 +6,6 @@ only from proxies the deployment named.
 """
 
 import json
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -72,22 +71,18 @@ def test_trusted_proxies_must_be_addresses():
 
 # ---- on a server -----------------------------------------------------------------------------
 def serve(tiny_loaded, settings: dict):
-    from werkzeug.serving import make_server
-
     from app import create_app
+    from app.loopback import serve as serve_on_loopback
     app = create_app({"model": "tiny", "num_kv_blocks": 128, "testing": True, "default_max_tokens": 2,
                       **settings}, loaded=tiny_loaded)
-    srv = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    port = srv.server_port
+    http, stop_server = serve_on_loopback(app)
+    port = int(http.rsplit(":", 1)[1])
 
     def stop():
-        srv.shutdown()
-        srv.server_close()
+        stop_server()
         app.extensions["sendlens"].shutdown()
     return SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port, stop=stop,
-                           http=f"http://127.0.0.1:{port}", ws=f"ws://127.0.0.1:{port}/ws")
+                           http=http, ws=f"ws://127.0.0.1:{port}/ws")
 
 
 def test_behind_a_named_proxy_each_forwarded_address_has_its_own_seats(tiny_loaded):

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from app.security import machine_names
+from conftest import author_page
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +129,6 @@ def test_a_foreign_page_cannot_drive_the_websocket_but_can_embed(browser, server
     """Another origin on loopback (127.0.0.2) serves a page that frames a sendlens embed and tries
     to open sendlens' websocket itself. The embed works (its socket comes from sendlens' origin);
     the page's own socket is refused before the upgrade."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     page_html = f"""<!doctype html><title>pending</title>
 <iframe src="{server.base}/embed/tokenizer" width="600" height="450"></iframe>
 <script>
@@ -139,25 +137,11 @@ ws.onopen = () => {{ document.title = "opened"; }};
 ws.onerror = () => {{ document.title = "refused"; }};
 </script>"""
 
-    class Foreign(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = page_html.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    foreign = ThreadingHTTPServer(("127.0.0.2", 0), Foreign)
-    thread = threading.Thread(target=foreign.serve_forever, daemon=True)
-    thread.start()
+    foreign = author_page(page_html, host="127.0.0.2")   # another site than the server's
     context = browser.new_context(viewport={"width": 800, "height": 600})
     try:
         page = context.new_page()
-        page.goto(f"http://127.0.0.2:{foreign.server_port}/")
+        page.goto(foreign)
         page.wait_for_function("() => document.title !== 'pending'", timeout=30_000)
         assert page.title() == "refused"
         frame = page.frame_locator("iframe")
@@ -165,5 +149,3 @@ ws.onerror = () => {{ document.title = "refused"; }};
         page.screenshot(path=str(artifacts_dir / "foreign-origin-embed.png"))
     finally:
         context.close()
-        foreign.shutdown()
-        foreign.server_close()
