@@ -323,8 +323,17 @@ def test_embed_frame_ancestors_is_configurable(tiny_loaded):
         other.extensions["sendlens"].shutdown()
 
 
-@pytest.mark.parametrize("name", UNBUILT)
-def test_embed_unbuilt_widget_is_a_404_coming_page(client, app, name):
+def test_embed_unbuilt_widget_is_a_404_coming_page(client, app, monkeypatch):
+    """A section may name a widget not built yet (front matter 'coming'); every widget of the
+    outline is built today, so the test gives the last section one that is not."""
+    import dataclasses
+
+    import app.sections as sections
+    name = "not-built-yet"
+    last = sections.SECTIONS[-1]
+    monkeypatch.setattr(sections, "SECTIONS", (*sections.SECTIONS[:-1], dataclasses.replace(
+        last, widgets=(*last.widgets, name), coming=(*last.coming, name))))
+    SECTIONS = sections.SECTIONS
     resp = client.get(f"/embed/{name}")
     assert resp.status_code == 404
     assert csp(resp.headers)["frame-ancestors"] == "*"

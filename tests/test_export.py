@@ -127,7 +127,8 @@ def test_every_widget_plays_its_recording_without_a_server(static_page, exported
         page.wait_for_selector(f'[data-widget="{name}"][data-state="ready"]', timeout=60_000)
         assert root.get_attribute("data-source") == "recording", name
     # in a 600x450 iframe of another page, and on a phone: no sideways scrolling
-    page.goto(f"{exported.base}/index.html")   # a page of the export's origin (http.server sends no CSP)
+    # a page of the export's origin with no script (http.server's listing of a folder; it sends no CSP)
+    page.goto(f"{exported.base}/recordings/")
     page.set_content(f'<iframe src="{exported.base}/embed/attention/index.html" width="600" height="450" '
                      'style="border:1px solid #ccc"></iframe>')
     page.frame_locator("iframe").locator('[data-widget="attention"][data-state="ready"]').wait_for(timeout=60_000)

@@ -28,12 +28,13 @@ const REASONS = {
   closed: ["connection closed", "The connection to the live server closed"],
 };
 
-let pageConfig;
+// Read once, when the module runs (a module runs after the page is parsed): a widget that mounts
+// later reads the page it was loaded by, even if that document's content has been replaced since.
+const pageConfig = (() => {
+  const script = document.getElementById("sendlens-source");
+  return script ? JSON.parse(script.textContent) : { mode: "live" };
+})();
 export function config() {
-  if (pageConfig === undefined) {
-    const script = document.getElementById("sendlens-source");
-    pageConfig = script ? JSON.parse(script.textContent) : { mode: "live" };
-  }
   return pageConfig;
 }
 
