@@ -64,7 +64,7 @@ def long_text(engine) -> list[int]:
 
 def perplexity_in_slices(model, ids: list[int], eviction: Eviction):
     """exp(mean -log p(token | the ones before it that the rule keeps)) over ids, in slices."""
-    gen = probes.slices(model, ids, eviction=eviction)
+    gen = probes.slices(model, ids, eviction=eviction, entropies=False)
     while True:
         try:
             next(gen)
