@@ -4,8 +4,9 @@
 #   make bench   install the benchmark's peers (llama-cpp-python compiles for minutes), then
 #                run python -m bench and write its tables into README.md: first the classroom
 #                (bench.load's 50 clients x 60 s against a server of each weight format in turn),
-#                then every system in interleaved rounds. About 30 minutes on 2 cores after the
-#                install (BENCH_ARGS=--quick: about 8; --no-classroom skips the classroom)
+#                then every system in interleaved rounds. About 40 minutes on 2 cores after the
+#                install (37.5 in the run of 2026-12-04, with other work on the machine;
+#                BENCH_ARGS=--quick: about 12; --no-classroom skips the classroom, about 7 less)
 # Both create .venv on first use; later runs reuse it and install nothing new.
 
 PYTHON ?= python3

@@ -1,7 +1,7 @@
 """python -m bench: our engine against transformers and llama.cpp on this machine, in one run.
 
-    python -m bench              # the full run (about 30 minutes on two cores), JSON + table
-    python -m bench --quick      # a short one for iterating (about 8 minutes)
+    python -m bench              # the full run (about 40 minutes on two cores), JSON + table
+    python -m bench --quick      # a short one for iterating (about 12 minutes)
     python -m bench --readme     # ... and write the tables into README.md
 
 Every system gets the same token ids, the same number of threads and the same output lengths.

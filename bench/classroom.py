@@ -78,12 +78,20 @@ def _ms(pair: dict) -> str:
     return f"{pair['p50']:,.0f} / {pair['p99']:,.0f} ms"
 
 
+def load_text(classroom: dict) -> str:
+    """The machine's load average around the runs, where the run stored it (python -m bench does)."""
+    if "load_before" not in classroom:
+        return ""
+    return (f"; load average {classroom['load_before'][0]:.1f} before and "
+            f"{classroom['load_after'][0]:.1f} after")
+
+
 def table(classroom: dict, date: str) -> str:
     """The README's rows: this run's formats, then the stored baseline's rows, one table."""
     base = classroom["baseline"]
     out = [f"Measured {date} by `python -m bench.load --formats {','.join(classroom['formats'])} --clients "
            f"{classroom['clients']} --seconds {classroom['seconds']:g}` ({classroom['max_tokens']} tokens per answer, "
-           f"one server per format, one after the other), then the rows stored on {base['date']} "
+           f"one server per format, one after the other{load_text(classroom)}), then the rows stored on {base['date']} "
            f"({base['commit'][:7]}, {base['machine']}), whose q4_1 row the classroom target holds the best "
            f"format against:", "",
            "| run | `weight_format` | sent | completed | lost | output tok/s | TTFT p50 / p99 | TPOT p50 / p99 |",

@@ -221,6 +221,9 @@ def test_the_classroom_table_puts_each_format_beside_the_stored_rows(tmp_path):
     text = classroom.table(room, "2026-12-04")
     lines = text.splitlines()
     assert "--formats fp32,bf16,q8_0,q4_1 --clients 50 --seconds 60" in lines[0]
+    assert "load average" not in lines[0]                    # bench.load alone stores none
+    room["load_before"], room["load_after"] = (3.25, 1, 1), (1.5, 1, 1)
+    assert "load average 3.2 before and 1.5 after" in classroom.table(room, "2026-12-04").splitlines()[0]
     rows = [line for line in lines if line.startswith("| 2026-")]
     assert [r.split("|")[2].strip() for r in rows] == ["fp32", "bf16", "q8_0", "q4_1", "fp32", "q4_1", "bf16"]
     assert "| 2026-12-04 | bf16 | 10 | 10 | 0 | 270.5 | 500 / 900 ms | 200 / 260 ms |" in rows
