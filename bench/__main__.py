@@ -1,7 +1,7 @@
 """python -m bench: our engine against transformers and llama.cpp on this machine, in one run.
 
-    python -m bench              # the full run (about 40 minutes on two cores), JSON + table
-    python -m bench --quick      # a short one for iterating (about 12 minutes)
+    python -m bench              # the full run (about half an hour on two cores), JSON + table
+    python -m bench --quick      # a short one for iterating (a few minutes)
     python -m bench --readme     # ... and write the tables into README.md
 
 Every system gets the same token ids, the same number of threads and the same output lengths.
@@ -228,7 +228,7 @@ def summarize(entry: dict) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short runs, one round (for iterating)")
+    parser.add_argument("--quick", action="store_true", help="short runs, few rounds, no 4,096-token prefill (for iterating)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every system (default 2)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of the full run (default 3; decode alone runs 2 x this + 1, prefill 512 this + 2)")
