@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     print("starting the engine …", file=sys.stderr, flush=True)
     app = create_app(values)
-    base, stop = serve(app, name="export-server")
+    base, _, _, stop = serve(app, name="export-server")
     try:
         recordings = export(args.out, app=app, base=base, names=names, server=args.server)
     finally:

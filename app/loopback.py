@@ -11,8 +11,16 @@ coalesces) fails the connection and drops the frames: a refusal (`overloaded`) w
 the request ends without that response (gunicorn's flask-sock mode writes nothing either)."""
 
 import threading
+from typing import Callable, NamedTuple
 
 from werkzeug.serving import WSGIRequestHandler, make_server
+
+
+class Served(NamedTuple):
+    http: str                   # the base URL, http://127.0.0.1:PORT
+    port: int
+    ws: str                     # the websocket's URL, ws://127.0.0.1:PORT/ws
+    stop: Callable[[], None]    # shuts the server and waits for its thread
 
 
 class _Quiet(WSGIRequestHandler):
@@ -42,9 +50,9 @@ def _nothing_after_a_websocket(app):
     return wsgi
 
 
-def serve(app, name: str = "loopback-server"):
-    """Serve `app` on 127.0.0.1 at a free port. Returns (base URL, stop); stop() shuts the server
-    and waits for its thread (the app's own engine is the caller's to shut down)."""
+def serve(app, name: str = "loopback-server") -> Served:
+    """Serve `app` on 127.0.0.1 at a free port, until stop() (the app's own engine is the caller's
+    to shut down)."""
     server = make_server("127.0.0.1", 0, _nothing_after_a_websocket(app), threaded=True, request_handler=_Quiet)
     thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
@@ -53,4 +61,5 @@ def serve(app, name: str = "loopback-server"):
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
-    return f"http://127.0.0.1:{server.server_port}", stop
+    port = server.server_port
+    return Served(f"http://127.0.0.1:{port}", port, f"ws://127.0.0.1:{port}/ws", stop)

@@ -668,9 +668,7 @@ def serve_app(settings: dict, loaded):
     from app import create_app
     from app.loopback import serve
     app = create_app(settings, loaded=loaded)
-    http, stop = serve(app, name="live-server")
-    port = int(http.rsplit(":", 1)[1])
-    yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port,
-                          http=http, ws=f"ws://127.0.0.1:{port}/ws")
-    stop()
+    served = serve(app, name="live-server")
+    yield SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=served.port, http=served.http, ws=served.ws)
+    served.stop()
     app.extensions["sendlens"].shutdown()

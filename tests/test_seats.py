@@ -75,14 +75,13 @@ def serve(tiny_loaded, settings: dict):
     from app.loopback import serve as serve_on_loopback
     app = create_app({"model": "tiny", "num_kv_blocks": 128, "testing": True, "default_max_tokens": 2,
                       **settings}, loaded=tiny_loaded)
-    http, stop_server = serve_on_loopback(app)
-    port = int(http.rsplit(":", 1)[1])
+    served = serve_on_loopback(app)
 
     def stop():
-        stop_server()
+        served.stop()
         app.extensions["sendlens"].shutdown()
-    return SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=port, stop=stop,
-                           http=http, ws=f"ws://127.0.0.1:{port}/ws")
+    return SimpleNamespace(app=app, runtime=app.extensions["sendlens"], port=served.port, stop=stop,
+                           http=served.http, ws=served.ws)
 
 
 def test_behind_a_named_proxy_each_forwarded_address_has_its_own_seats(tiny_loaded):

@@ -17,14 +17,13 @@ def start(loaded, db_path, **settings) -> SimpleNamespace:
     from app import create_app
     from app.loopback import serve
     app = create_app({**ROOM_SETTINGS, "rooms_db_path": str(db_path), **settings}, loaded=loaded)
-    base, stop_server = serve(app, name="rooms-test-server")
+    served = serve(app, name="rooms-test-server")
 
     def stop():
-        stop_server()
+        served.stop()
         app.extensions["sendlens_rooms"].shutdown()
         app.extensions["sendlens"].shutdown()
-    port = int(base.rsplit(":", 1)[1])
-    return SimpleNamespace(app=app, port=port, http=base, ws=f"ws://127.0.0.1:{port}/ws",
+    return SimpleNamespace(app=app, port=served.port, http=served.http, ws=served.ws,
                            rooms=app.extensions["sendlens_rooms"], stop=stop)
 
 
