@@ -31,10 +31,12 @@ export HAS_PYTHON_H := import os, sys, sysconfig; sys.exit(not os.path.exists(os
 serve: $(VENV)/.serve-deps
 	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL) $(SETTINGS)
 
-# Two pytest processes (pytest-xdist): a browser test waiting on a page, a server or a worker
-# process leaves a core idle that the other process's tests use (tests/conftest.py: XDIST_GROUPS).
-# --durations: the slowest tests, printed at the end, to see where the time goes.
-TEST_WORKERS ?= 2
+# Three pytest processes (pytest-xdist) on two cores: the real-model server's group is one
+# process's whole share (tests/conftest.py: XDIST_GROUPS), and its tests mostly wait on the
+# server's jobs or a page, so the other two share the cores with it. `make fast`'s tests compute
+# in-process: two, one a core. --durations: the slowest tests, printed at the end.
+TEST_WORKERS ?= 3
+FAST_WORKERS ?= 2
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
@@ -42,7 +44,7 @@ test: $(VENV)/.test-deps
 # The inner loop: the tiny model only: no browser, no real-model tests, no worker
 # processes or servers of their own (tests/conftest.py: SLOW_MODULES). `make test` runs them all.
 fast: $(VENV)/.test-deps
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not browser and not real_model and not slow"
+	$(BIN)/python -m pytest -q -n $(FAST_WORKERS) --dist loadgroup -m "not browser and not real_model and not slow"
 
 bench: $(VENV)/.bench-deps
 	$(BIN)/python -m bench --readme $(BENCH_ARGS)

@@ -257,7 +257,24 @@ INT16_MAX = 32767   # core/kernels/csrc/int16_rows.h: x ~ s * i, s = the group's
 
 def bf16_step(x: torch.Tensor) -> torch.Tensor:
     """The spacing of bfloat16 numbers (8 significant bits) at each |x|: 2^(e - 8) for |x| in
-    [2^(e-1), 2^e); 0 at 0. Rounding to nearest moves x by at most half of it."""
+    [2^(e-1), 2^e); 0 at 0. Rounding to nearest moves x by at most half of it.
+
+    For float32 (LogitBounds' redraws: a billion entries a format) it is read off the bits: |x| in
+    [2^(E-127), 2^(E-126)) for a biased exponent E, so the step 2^(E-134) is a float32 whose
+    exponent field is E - 7, its mantissa 0: x's bits masked to the exponent, minus 7 << 23.
+    Entries with E <= 7 (zero, and values below 2^-120, whose step is not a normal float32) take
+    the general path."""
+    if x.dtype == torch.float32:
+        exponent = x.view(torch.int32) & 0x7F800000
+        step = (exponent - (7 << 23)).view(torch.float32)
+        small = exponent <= (7 << 23)
+        if small.any():
+            step[small] = _bf16_step_general(x[small])
+        return step
+    return _bf16_step_general(x)
+
+
+def _bf16_step_general(x: torch.Tensor) -> torch.Tensor:
     mantissa, exponent = torch.frexp(x)
     return torch.where(x == 0, torch.zeros_like(x), torch.ldexp(torch.ones_like(x), exponent - 8))
 
@@ -326,8 +343,8 @@ def redraw_product(fmt: str, isa: str, generator: torch.Generator):
     weight, x_kind, y_kind = format_roundings(fmt, isa)
 
     def redraw(kind, x):
-        noise = torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5
-        return x + noise * STEP[kind](x)
+        noise = torch.rand(x.shape, generator=generator, dtype=x.dtype).sub_(0.5)
+        return noise.mul_(STEP[kind](x)).add_(x)        # x + noise * step, in place
 
     def product(x, w):
         y = redraw(x_kind, x) @ weight(w).to(x.dtype).T

@@ -8,7 +8,7 @@ import { el, field, scrollBox } from "../lib/dom.js";
 import { figure, stat } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
-import { measuredAt, measuring, progressLine, view } from "../lib/measure.js";
+import { measuredAt, measuring, progressLine, threadsOn, view } from "../lib/measure.js";
 
 const MAX_REQUESTS = 8, MAX_PROMPT = 64, MAX_OUTPUT = 32, MAX_SLOTS = 8;
 const DEFAULT_WORKLOAD = "12:4,40:16,8:8,24:2,16:12,30:6";
@@ -111,7 +111,7 @@ function renderSide(side, run, r) {
 
 function render(v, r) {
   const m = r.machine;
-  v.machineLine.textContent = `Measured here: ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, `
+  v.machineLine.textContent = `Measured here: ${m.processor}, ${threadsOn(m)}, `
     + `${measuredAt(m)}, on two engines beside the serving one.`;
   for (const mode of MODES) renderSide(v.sides[mode], r[mode], r);
   const saved = r.static_steps - r.continuous_steps;

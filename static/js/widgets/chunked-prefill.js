@@ -8,7 +8,7 @@ import { plot } from "../lib/chart.js";
 import { figure } from "../lib/figures.js";
 import { fmtMs } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
-import { measuredAt, measuring, numberInput, progressLine, view } from "../lib/measure.js";
+import { measuredAt, measuring, numberInput, progressLine, threadsOn, view } from "../lib/measure.js";
 
 const OPTIONS = {
   decoders: { type: "int", default: 4, min: 1, max: 8 },
@@ -85,7 +85,7 @@ function renderNotes(v, r) {
 async function render(v, r) {
   const m = r.machine, u = r.runs.unchunked, c = r.runs.chunked;
   v.threads.set(m.threads, `${m.threads} of ${m.cpu_count}`);
-  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, torch ${m.torch}, `
+  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${threadsOn(m)}, torch ${m.torch}, `
     + `${measuredAt(m)}. The machine is shared: times move from run to run.`;
   v.maxUnchunked.set(r.max_itl_ms_unchunked, fmtMs(r.max_itl_ms_unchunked));
   v.maxChunked.set(r.max_itl_ms_chunked, fmtMs(r.max_itl_ms_chunked));

@@ -8,7 +8,7 @@ import { plot } from "../lib/chart.js";
 import { figure } from "../lib/figures.js";
 import { fmtNum } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
-import { measuredAt, measuring, progressLine, view } from "../lib/measure.js";
+import { measuredAt, measuring, progressLine, threadsOn, view } from "../lib/measure.js";
 
 const OPTIONS = {
   format: { type: "string", default: "fp32", choices: ["fp32", "bf16", "q4_1"] },
@@ -117,7 +117,7 @@ function renderNotes(v, r) {
 async function render(v, r) {
   const m = r.machine;
   v.threads.set(m.threads, `${m.threads} of ${m.cpu_count}`);
-  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, torch ${m.torch}, `
+  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${threadsOn(m)}, torch ${m.torch}, `
     + `${measuredAt(m)}; each point is the best of up to ${r.repeats} calls. The machine is shared: times move from run to run.`;
   v.peak.set(r.peak_gflops, fmtNum(r.peak_gflops, 3));
   v.bandwidth.set(r.bandwidth_gb_s, fmtNum(r.bandwidth_gb_s, 3));

@@ -8,7 +8,7 @@ import { plot } from "../lib/chart.js";
 import { figure } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
-import { measuredAt, measuring, progressLine, view } from "../lib/measure.js";
+import { measuredAt, measuring, progressLine, threadsOn, view } from "../lib/measure.js";
 import { tokenChips } from "../lib/tokens.js";
 
 const MAX_TOKENS = 64;
@@ -120,7 +120,7 @@ function renderNotes(v, r) {
 
 async function render(v, r) {
   const m = r.machine;
-  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, `
+  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${threadsOn(m)}, `
     + `${measuredAt(m)}, on an engine beside the serving one.`;
   v.withTokens.set(r.tokens_computed_with_cache, fmtNum(r.tokens_computed_with_cache));
   v.withoutTokens.set(r.tokens_computed_without_cache, fmtNum(r.tokens_computed_without_cache));

@@ -68,6 +68,7 @@ function renderTable(v, r) {
 
 function renderChart(v, r) {
   const x = r.rows.map((row) => row.window);
+  const narrow = v.chart.clientWidth < 520;
   const line = (name, y, color, dash) => ({ type: "scatter", mode: "lines+markers", name, x, y, line: { color, width: 2, dash },
     hovertemplate: `${name}: window %{x}, perplexity %{y:.3f}<extra></extra>` });
   return plot(v.chart, [
@@ -75,7 +76,9 @@ function renderChart(v, r) {
     line(`${r.sinks} sinks + window`, r.rows.map((row) => row.perplexity), COLORS.sinks, "solid"),
     line("full attention", x.map(() => r.perplexity_full), COLORS.full, "dot"),
   ], {
-    height: 260, showlegend: true, legend: { orientation: "h", y: 1.18, x: 0, font: { size: 10 } }, margin: { t: 30, b: 44, l: 52 },
+    // the legend sits above the plot, anchored by its bottom; narrow, it wraps: room for its lines
+    height: narrow ? 320 : 260, showlegend: true, legend: { orientation: "h", yanchor: "bottom", y: 1.02, x: 0, font: { size: 10 } },
+    margin: { t: narrow ? 64 : 30, b: 44, l: 52 },
     xaxis: { title: { text: "window (tokens kept besides the sinks)", font: { size: 10 } }, type: "log", tickvals: x },
     yaxis: { title: { text: "perplexity (log scale)", font: { size: 10 } }, type: "log" },
   });
@@ -117,7 +120,7 @@ export function mount(root, ctx) {
         running: "Reading the long text with full attention…",
         onProgress: (p) => `Reading the text: ${p.note} (${percent(p)})…`,
         render: (r) => render(v, r),
-        done: (r) => `${r.rows.length} windows, with and without ${r.sinks} sinks, on ${fmtNum(r.tokens)} tokens.`,
+        done: (r) => `${r.rows.length} window${r.rows.length === 1 ? "" : "s"}, with and without ${r.sinks} sinks, on ${fmtNum(r.tokens)} tokens.`,
       });
     },
   });

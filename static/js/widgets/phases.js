@@ -11,7 +11,7 @@ import { figure } from "../lib/figures.js";
 import { listen } from "../lib/events.js";
 import { fmtMs, fmtNum, fmtBytes, weightFormat } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
-import { measuredAt, measuring, progressLine, view } from "../lib/measure.js";
+import { measuredAt, measuring, progressLine, threadsOn, view } from "../lib/measure.js";
 
 const LENGTHS = [16, 32, 64, 128, 256, 512, 1024, 2048];
 
@@ -181,7 +181,7 @@ async function render(v, r) {
   const m = r.machine, longest = r.prefill[r.prefill.length - 1];
   v.result = r;
   v.threads.set(m.threads, `${m.threads} of ${m.cpu_count}`);
-  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, `
+  v.machineLine.textContent = `Measured here: ${m.system} ${m.processor}, ${threadsOn(m)}, `
     + `torch ${m.torch}, ${measuredAt(m)}. The machine is shared, so the times move from run to run; the shapes do not.`;
   v.prefillRate.set(r.prefill_tokens_per_s, fmtNum(r.prefill_tokens_per_s, 3));
   v.decodeStep.set(r.decode_step_ms, fmtMs(r.decode_step_ms));

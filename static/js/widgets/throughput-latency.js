@@ -8,7 +8,7 @@ import { plot } from "../lib/chart.js";
 import { figure } from "../lib/figures.js";
 import { fmtMs, fmtNum } from "../lib/format.js";
 import { jobRunner } from "../lib/job.js";
-import { measuredAt, measuring, progressLine, view } from "../lib/measure.js";
+import { measuredAt, measuring, progressLine, threadsOn, view } from "../lib/measure.js";
 
 const MAX_RATES = 4, MAX_LIMITS = 3, MIN_RATE = 0.5, MAX_RATE = 100, MAX_SEQS = 32, MAX_REQUESTS = 32;
 const COLORS = ["#2f5fd0", "#d0702f", "#2f9a5f"];
@@ -107,7 +107,7 @@ async function render(v) {
   v.headline.textContent = `${best.num_requests} requests of ${best.prompt_tokens} prompt + ${best.output_tokens} output tokens, `
     + `arriving at ${best.rate} per second with at most ${best.max_num_seqs} running at once.`;
   const m = best.machine;
-  v.machineLine.textContent = `Measured here: ${m.processor}, ${m.threads} torch threads on ${m.cpu_count} CPU cores, `
+  v.machineLine.textContent = `Measured here: ${m.processor}, ${threadsOn(m)}, `
     + `${measuredAt(m)}, on an engine beside the serving one (its clock counts only its own steps).`;
   renderTable(v);
   await Promise.all([chart(v.ttftChart, v.points, "ttft", "TTFT"), chart(v.tpotChart, v.points, "tpot", "TPOT")]);
