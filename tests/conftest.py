@@ -166,17 +166,44 @@ def hf_reference():
 
 
 @pytest.fixture(scope="session")
-def logit_bounds(smollm_loaded):
+def logit_bounds(smollm_loaded, tmp_path_factory):
     """bounds.LogitBounds of SmolLM2 in fp32 on the first 64 tokens of bounds.REFERENCE_PROMPT:
     `.bound(fmt, isa)` bounds |engine logit - transformers' fp32 logit| per weight format, derived
-    against float64 (tests/bounds.py), for test_parity and the widgets that compare with transformers."""
+    against float64 (tests/bounds.py), for test_parity and the widgets that compare with transformers.
+    In an xdist run, a format's redraws (a minute of work) are computed by one process and read
+    by the others (shared_redraws)."""
     from bounds import REFERENCE_PROMPT, LogitBounds
 
     from core.model.model import Transformer
     ids = smollm_loaded.tokenizer.encode(REFERENCE_PROMPT)[:64]
     if len(ids) != 64:
         raise ValueError(f"REFERENCE_PROMPT: {len(ids)} tokens, want 64")
-    return LogitBounds(Transformer.from_state_dict(smollm_loaded.config, smollm_loaded.state_dict), ids)
+    bounds = LogitBounds(Transformer.from_state_dict(smollm_loaded.config, smollm_loaded.state_dict), ids)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared_redraws(bounds, tmp_path_factory.getbasetemp().parent / "redraws")
+    return bounds
+
+
+def shared_redraws(bounds, folder: Path) -> None:
+    """bounds.redrawn(fmt, isa), computed once for all of this run's xdist processes (they share
+    the run's base temporary folder): the first to ask computes it under a file lock and saves
+    it; a process asking while it computes waits for the lock, then reads. The same function of
+    the same model and tokens with a fixed seed: each process would compute the same tensors."""
+    import functools
+
+    import torch
+    from filelock import FileLock
+    folder.mkdir(exist_ok=True)
+    compute = bounds.redrawn
+
+    @functools.cache
+    def redrawn(fmt: str, isa: str):
+        path = folder / f"{fmt}-{isa or 'torch'}.pt"
+        with FileLock(str(path) + ".lock"):
+            if not path.exists():
+                torch.save(compute(fmt, isa), path)
+            return torch.load(path)
+    bounds.redrawn = redrawn
 
 
 # ---- a live server for the websocket tests ---------------------------------------------------
