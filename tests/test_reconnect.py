@@ -11,15 +11,34 @@ live result, and the server serves no recordings, so the embed has none to fall 
 that it lost the connection (its fallback to a recording: tests/test_embed_fallback.py).
 """
 
+from types import SimpleNamespace
+
 import pytest
 
 from app.widgets import BY_NAME
-from conftest import wait_ready
+from conftest import Page, serve_app, wait_ready
 
-pytestmark = [pytest.mark.browser, pytest.mark.real_model]
+pytestmark = pytest.mark.browser
 
 NAMES = sorted(BY_NAME)
 READY_MS = 120_000  # a widget's first measurement on a shared machine
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_loaded):
+    """The tiny model with the default limits (as the export records every widget on it): what is
+    tested is the page's connection, which no model changes, so the real-model server's process
+    (tests/xdist_groups.py), the suite's longest, does not wait on these reconnections."""
+    yield from serve_app({"model": "tiny", "testing": True}, tiny_loaded)
+
+
+@pytest.fixture
+def pg(browser, tiny_server):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield Page(context, SimpleNamespace(base=tiny_server.http, port=tiny_server.port))
+    finally:
+        context.close()
 
 WRAP_WEBSOCKET = """
 (() => {
