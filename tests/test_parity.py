@@ -74,7 +74,7 @@ def format_bound(logit_bounds, engine) -> float:
 
 
 # every weight format, and q4_1 once more on the AVX2 kernels where the CPU's own are AVX-512's
-# (tests/kernel_paths.py): its activations round to 16-bit integers there, not to bfloat16
+# (tests/kernel_paths.py): the same 8-bit rounding of activations, other instructions
 ENGINES = ["fp32", "bf16", "q8_0", "q4_1"] + (["q4_1-avx2"] if AVX2 in PATHS else [])
 
 
