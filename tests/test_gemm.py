@@ -10,7 +10,7 @@ from kernel_paths import NATIVE, PATHS, kernel_path, use_path  # noqa: F401 (ker
 from core.config import WeightFormat
 from core.errors import InvalidParameter
 from core.model.linear import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
-                       pack_q4_1, pack_q4_1_native, pad_rows, prepacking_available, products_here, q4_kernel,
+                       pack_q4_1, pack_q4_1_native, pack_q8_0_native, pad_rows, prepacking_available, products_here, q4_kernel,
                        q4_kernel_isa, quantize_q4_1, quantize_q8_0)
 
 
@@ -388,6 +388,31 @@ def test_q8_0_rows_are_batch_invariant(threads, product, shape, kernel_path):
     for n in range(1, 70):
         assert torch.equal(head(x[:n]), full[:n]), f"{n} rows"
         assert torch.equal(head(x[n - 1:n].clone())[0], full[n - 1]), f"row {n - 1} alone"
+
+
+def test_each_q8_0_layout_puts_every_q_where_its_kernel_reads_it():
+    """pack_q8_0_native, read back by the rule its docstring states for each instruction set: every
+    q at its place, once (the VNNI one offset by 128, an unsigned byte)."""
+    g = torch.Generator().manual_seed(7)
+    N, K = 32, 64
+    q = torch.randint(-127, 128, (N, K), generator=g).to(torch.int8)
+    d = torch.rand(N, K // 32, generator=g)
+    n = torch.arange(N)[:, None].expand(N, K)
+    k = torch.arange(K)[None, :].expand(N, K)
+    panel, col = n // 16, n % 16
+    for isa in ("avx2", "avx512vnni"):
+        qp, dp = pack_q8_0_native(q, d, isa=isa)
+        assert qp.shape == (N // 16, K // 2, 32) and qp.dtype == torch.int8
+        flat = qp.view(N // 16, -1)
+        if isa == "avx2":    # unit k // 2, byte 2 * col + k % 2
+            byte, got = (k // 2) * 32 + 2 * col + k % 2, flat.long()
+        else:                # quad k // 4, byte 4 * col + k % 4, as q + 128 unsigned
+            byte, got = (k // 4) * 64 + 4 * col + k % 4, flat.view(torch.uint8).long() - 128
+        assert torch.equal(got[panel, byte], q.long()), isa
+        assert len(set((panel * 10**6 + byte).flatten().tolist())) == N * K
+        assert torch.equal(dp[panel, k // 32, col].float(), d.half().float()[n, k // 32])
+    with pytest.raises(InvalidParameter, match="isa"):
+        pack_q8_0_native(q, d, isa="neon")
 
 
 @NO_Q8_KERNEL
