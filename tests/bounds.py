@@ -435,22 +435,52 @@ class LogitBounds:
         self.fp32_pair = 2 * self.fp32_each
 
     @functools.cache
-    def redrawn(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, s) (T, V) float64: the sample mean and standard deviation over REDRAWS redrawn
-        runs (one batch, a fixed seed) of each logit's error against `exact`. The mean holds what
-        every run shares, the format's rounding of the weights (the engine's weights are the same
-        numbers); s, the activations' roundings drawn again."""
+    def runs(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """REDRAWS float32 runs of the network with every activation rounding of format `fmt` on
+        kernel path `isa` redrawn (one batch, a fixed seed), summed up: (mean, s) (T, V) float64,
+        the sample mean and standard deviation of each logit's error against `exact`; and each
+        run's quality figures against `exact` as the quantization table computes them
+        (app/lab/formats.compare, written out here): top5 (REDRAWS,), the share of positions whose
+        top-5 set is exact's, and kl (REDRAWS,), the mean KL(exact || run) per position."""
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             _, logits = llama_f64(self.model, self.ids, redraw_product(fmt, isa, generator),
                                   dtype=torch.float32, batch=REDRAWS)   # (REDRAWS, T, V)
         total, squares = torch.zeros_like(self.exact), torch.zeros_like(self.exact)
+        lp_exact = torch.log_softmax(self.exact, -1)
+        top_exact = self.exact.topk(5, dim=-1).indices.sort(-1).values
+        top5, kl = [], []
         for run in logits:
             err = run.double() - self.exact
             total += err
             squares += err * err
+            lp = torch.log_softmax(run.double(), -1)
+            kl.append(float((lp_exact.exp() * (lp_exact - lp)).sum(-1).clamp_min(0.0).mean()))
+            same = (run.topk(5, dim=-1).indices.sort(-1).values == top_exact).all(-1)
+            top5.append(float(same.double().mean()))
         mean = total / REDRAWS
-        return mean, ((squares - REDRAWS * mean * mean).clamp_min(0) / (REDRAWS - 1)).sqrt()
+        sd = ((squares - REDRAWS * mean * mean).clamp_min(0) / (REDRAWS - 1)).sqrt()
+        return mean, sd, torch.tensor(top5, dtype=torch.float64), torch.tensor(kl, dtype=torch.float64)
+
+    def redrawn(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, s) (T, V) float64: the sample mean and standard deviation over REDRAWS redrawn
+        runs of each logit's error against `exact` (runs). The mean holds what every run shares,
+        the format's rounding of the weights (the engine's weights are the same numbers); s, the
+        activations' roundings drawn again."""
+        return self.runs(fmt, isa)[:2]
+
+    def quality_bounds(self, fmt: str, isa: str) -> tuple[float, float]:
+        """(lowest top-5 agreement, highest mean KL) against fp32 that the engine's format `fmt` on
+        kernel path `isa` may show on these tokens, from the redrawn runs' quality figures (runs):
+        the engine's figure is one more draw of the same rounding process. Each figure is a mean
+        over the T positions of a bounded quantity whose roundings are drawn independently, taken
+        as sub-Gaussian like the logits' errors, so redraw_factor (for the two figures at once)
+        times the runs' standard deviation bounds its distance from their mean, except with
+        probability 2 * SIGNIFICANCE. The engine's figures are against our fp32 logits, within
+        fp32_each of `exact`: a few ulps, nothing at this scale."""
+        _, _, top5, kl = self.runs(fmt, isa)
+        q = redraw_factor(2)
+        return float(top5.mean() - q * top5.std()), float(kl.mean() + q * kl.std())
 
     def logit_bound(self, fmt: str, isa: str = "", candidates: int = 64) -> torch.Tensor:
         """The bound (T, V) on |engine logit - transformers' fp32 logit| for weight format `fmt` on

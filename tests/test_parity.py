@@ -7,7 +7,7 @@ so agreement checks our loader, our model and our engine at once.
 import pytest
 import torch
 
-from bounds import OTHER_KERNELS_ERROR_RATIO, STEP, against_f64, clear_choices, format_roundings, llama_f64
+from bounds import OTHER_KERNELS_ERROR_RATIO, against_f64, clear_choices, format_roundings
 from kernel_paths import AVX2, NATIVE, PATHS, use_path
 
 from core import SamplingParams
@@ -180,56 +180,23 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, hf_g
     assert max(len(out.token_ids) for out in ours) == 48  # at least one ran the whole length
 
 
-def head_rounding_bound(model, ids: list[int], isa: str) -> torch.Tensor:
-    """(T, V) float64: how far the q4_1 or q8_0 engine's LM head (the Q8_0 kernel, csrc/q8_matmul.cpp) may
-    move a logit by rounding its input, the final normed hidden state h, per group of 32: at most
-    half a step per entry (bounds.STEP of q8_0's activation rounding on this path), times |w|,
-    summed: step(h) / 2 @ |W|.T. The head's weights are the GGUF file's own Q8_0 values (exact),
-    and the top candidates are recomputed in fp32 (within LogitBounds' fp32 part); this covers the
-    other logits, which the softmax of the quality figures reads too. The small difference between
-    the engine's h and float64's moves the step by a few ulps of it: covered by doubling."""
-    _, x_kind, _ = format_roundings("q8_0", isa)
-    hidden, _ = llama_f64(model, ids)
-    sd = model.state_dict()
-    h = hidden / torch.sqrt((hidden * hidden).mean(-1, keepdim=True) + model.config.rms_norm_eps) \
-        * sd["norm.weight"].double()
-    return 2 * (STEP[x_kind](h) / 2) @ sd["embed_tokens.weight"].double().abs().T
-
-
 def test_8_bit_formats_quality_figures_are_within_what_their_roundings_allow(engine_llm, logit_bounds):
     """q4_1 (and q8_0 where it rounds activations to 8 bits too: AVX-512 VNNI) is judged by its
     quality figures against fp32 (bench/quality.py, the `quantization` widget:
-    app/lab/formats.compare): here on the reference prompt, against our fp32 logits, with
-    bounds derived from the per-logit bound B (LogitBounds.logit_bound: the format's roundings,
-    8-bit activations included, redrawn, plus the fp32 part; it bounds |engine - our fp32| as it
-    does |engine - transformers|, our fp32 being within fp32_each of float64 too) plus the head's
-    rounding of its input (head_rounding_bound):
-    - top-5: the engine's top-5 set is fp32's wherever fp32's 5th logit minus its bound exceeds
-      every other logit plus its bound (each logit moves by at most its B);
-    - KL(p || q), q = softmax(z + delta), |delta_i| <= B_i: with c = sum p_i delta_i and
-      e_i = delta_i - c, KL = log sum p_i e^{e_i} <= sum p_i (e^{e_i} - 1 - e_i)
-      <= sum p_i e_i^2 / 2 * e^{max(e_i, 0)} (log y <= y - 1; sum p_i e_i = 0), and
-      |e_i| <= B_i + sum p_j B_j: a bound per position, no Taylor remainder left out."""
+    app/lab/formats.compare): here on the reference prompt, against our fp32 logits. Its per-logit
+    parity bound is wide (a logit's error is mostly a shift that all logits share, which the
+    softmax ignores), so the figures are bounded directly: REDRAWS float32 runs of the network with
+    the format's roundings redrawn (tests/bounds.py: LogitBounds.quality_bounds, the probabilistic
+    model of rounding) give the top-5 agreement and KL the engine's one draw may show. The runs
+    keep the LM head exact, where the engine's Q8_0 head rounds its input too (its top 64
+    candidates recomputed exactly): that moves only logits outside the top 64, whose probabilities
+    are too small to move the mean KL at the bound's scale."""
     engine = engine_llm.engine
     fmt = engine.config.weight_format.value
     if not rounds_to_8_bits(fmt):
         pytest.skip(f"{fmt} rounds no activations to 8 bits here: the parity test's greedy checks judge it")
     from app.lab.formats import compare
-    ids, isa = logit_bounds.ids, q4_kernel_isa()
-    ours, ref = paged_logits(engine, ids), logit_bounds.fp32
-    stats = compare(ours, ref)
-    B = logit_bounds.logit_bound(fmt, isa, engine.config.lm_head_candidates) \
-        + head_rounding_bound(logit_bounds.model, ids, isa)                       # (T, V)
-    top5 = ref.topk(5, dim=-1).indices
-    in_top5 = torch.zeros_like(B, dtype=torch.bool).scatter_(-1, top5, True)
-    low = (ref.double() - B).masked_fill(~in_top5, float("inf")).amin(-1)
-    high = (ref.double() + B).masked_fill(in_top5, float("-inf")).amax(-1)
-    clear = low > high
-    assert all(same for same, c in zip(stats["top5_same"], clear.tolist()) if c)
-    assert stats["top5_agreement"] >= float(clear.double().mean())
-    p = torch.softmax(ref.double(), -1)
-    e = B + (p * B).sum(-1, keepdim=True)
-    kl_bound = (p * e * e / 2 * torch.exp(e)).sum(-1)                             # (T,)
-    assert bool((torch.tensor(stats["kl_each"], dtype=torch.float64) <= kl_bound).all())
-    assert stats["kl"] <= float(kl_bound.mean())
-    assert stats["kl"] > 0                                                         # rounded, not fp32
+    stats = compare(paged_logits(engine, logit_bounds.ids), logit_bounds.fp32)
+    lowest_top5, highest_kl = logit_bounds.quality_bounds(fmt, q4_kernel_isa())
+    assert stats["top5_agreement"] >= lowest_top5, (fmt, stats["top5_agreement"], lowest_top5)
+    assert 0 < stats["kl"] <= highest_kl, (fmt, stats["kl"], highest_kl)
