@@ -2,7 +2,11 @@
 #   make serve   install what the server needs, then serve the explainer on the default model
 #   make test    install what the tests need (Chromium included), then run every test
 #   make bench   install the benchmark's peers (llama-cpp-python compiles for minutes), then
-#                run python -m bench and write the table into README.md (BENCH_ARGS=--quick)
+#                run python -m bench and write its tables into README.md: first the classroom
+#                (bench.load's 50 clients x 60 s against a server of each weight format in turn),
+#                then every system in interleaved rounds. About 40 minutes on 2 cores after the
+#                install (37.5 in the run of 2026-12-04, with other work on the machine;
+#                BENCH_ARGS=--quick: about 12; --no-classroom skips the classroom, about 7 less)
 # Both create .venv on first use; later runs reuse it and install nothing new.
 
 PYTHON ?= python3

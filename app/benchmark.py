@@ -9,9 +9,10 @@ unreadable file gives a page that says how to make one (404), never a server err
 
 The page: a table per question (decode alone, with speculative decoding, beside a busy process, prefill, aggregate
 decode at 8/32/64 requests with TTFT and TPOT p50/p99, the machine's limits with each system's
-decode alone as a share of its bandwidth limit, the targets), each
-number an element with data-figure/data-value; static/js/benchmark.js draws the plots from the
-same view, embedded in the page as JSON.
+decode alone as a share of its bandwidth limit, the classroom in each weight format beside the
+stored rows, the targets with each ratio's spread over its rounds and its verdict: yes, no or not
+decided), each number an element with data-figure/data-value; static/js/benchmark.js draws the
+plots from the same view, embedded in the page as JSON.
 """
 
 import json
@@ -92,7 +93,7 @@ def _view(data: dict) -> dict:
         w["share"], w["share_key"] = shares.get(w["system"]), f"share_of_limit.{slug(w['system'])}"
     weights += [{"system": s, "same_as": report.SAME_BYTES[s], "share": v, "share_key": f"share_of_limit.{slug(s)}"}
                 for s, v in shares.items() if s in report.PEERS]
-    targets = data.get("targets") or report.targets(data)
+    targets = [target_row(i, t) for i, t in enumerate(data.get("targets") or report.targets(data))]
     return {
         "date": date,
         "when": data["date"],
@@ -108,9 +109,39 @@ def _view(data: dict) -> dict:
         "serve": serve,
         "limits": limits,
         "weights": weights,
-        "targets": [{**t, "key": f"target.{i}", "goal_key": f"target.{i}.goal"} for i, t in enumerate(targets)],
+        "targets": targets,
+        "classroom": classroom_rows(data.get("classroom")),
         "missing": data.get("missing") or {},
     }
+
+
+def target_row(i: int, t: dict) -> dict:
+    """A target line as the page shows it: its verdict as text (a file written before the spreads
+    stored a bool), its spread and round count (none in such a file)."""
+    spread = t.get("spread")
+    return {**t, "key": f"target.{i}", "goal_key": f"target.{i}.goal", "met": report.met_text(t),
+            "spread": spread, "low_key": f"target.{i}.min", "high_key": f"target.{i}.max",
+            "rounds": len(t.get("rounds") or [])}
+
+
+def classroom_rows(room: dict | None) -> dict | None:
+    """This run's classroom per format, then the stored rows it is held against (bench/classroom.py)."""
+    if not room:
+        return None
+    base = room["baseline"]
+    rows = [classroom_row(f"classroom.{fmt}", "this run", fmt, r) for fmt, r in room["formats"].items()]
+    rows += [classroom_row(f"classroom_baseline.{fmt}", f"{base['date']}, stored", fmt, r)
+             for fmt, r in base["formats"].items()]
+    return {"clients": room["clients"], "seconds": room["seconds"], "max_tokens": room["max_tokens"],
+            "baseline": {"date": base["date"], "commit": base["commit"][:7], "machine": base["machine"]},
+            "rows": rows}
+
+
+def classroom_row(key: str, run: str, fmt: str, r: dict) -> dict:
+    return {"run": run, "format": fmt, "sent": r["sent"], "completed": r["completed"], "lost": r["lost"],
+            "rate": {"key": f"{key}.output_tokens_per_s", "value": r["output_tokens_per_s"]},
+            "latency": [{"key": f"{key}.{metric}_{pct}_ms", "value": r[f"{metric}_ms"][pct]}
+                        for metric in ("ttft", "tpot") for pct in ("p50", "p99")]}
 
 
 def cell(data: dict, scenario: str, system: str) -> dict:

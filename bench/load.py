@@ -5,6 +5,7 @@
     python -m bench.load --clients 40 --seconds 60 --room K7QX2M9A   # 40 students join a room and chat in it
     python -m bench.load --clients 8 --seconds 30 --neighbour template   # ... beside one flooding client
     python -m bench.load --replicas 2 --clients 100 --seconds 60   # 2 replicas behind nginx against 1 server
+    python -m bench.load --formats fp32,bf16,q8_0,q4_1   # a server of each weight format, one after the other
 
 Each client sends a chat request, reads the stream to `done`, and sends the next, until the time
 is up (then it finishes the answer in flight). Reported, in vLLM's serving-benchmark terms:
@@ -19,7 +20,9 @@ it (the presenter's update rate). Loopback only by default:
 classroom twice, alone and beside one client flooding TYPE (bench/neighbour.py), and reports the
 bystanders' median TPOT in each. `--replicas N` starts its own deployments instead of using
 `--url`: one server alone, then N replicas sharing Redis behind nginx, and plays the same readers
-against each (bench/balancer.py); `--readme` writes that table into README.md.
+against each (bench/balancer.py); `--readme` writes that table into README.md. `--formats LIST`
+also starts its own servers, one per weight format in turn, and plays the classroom against each
+(bench/classroom.py); `--readme` writes that table into README.md beside the stored rows.
 """
 
 import argparse
@@ -239,12 +242,16 @@ def main(argv=None) -> int:
                    help="also run the classroom beside one client flooding this message type; compare TPOT")
     p.add_argument("--replicas", type=int, help="start 1 server, then this many replicas behind nginx and Redis, "
                                                  "and measure both (bench/balancer.py)")
-    p.add_argument("--model", default="smollm2-135m", help="with --replicas: the model the servers load")
-    p.add_argument("--readme", action="store_true", help="with --replicas: write the table into README.md")
+    p.add_argument("--formats", help="start a server of each of these weight formats in turn (comma-separated, "
+                                      "e.g. fp32,bf16,q8_0,q4_1) and measure each (bench/classroom.py)")
+    p.add_argument("--model", default="smollm2-135m", help="with --replicas or --formats: the model the servers load")
+    p.add_argument("--readme", action="store_true", help="with --replicas or --formats: write the table into README.md")
     p.add_argument("--json", help="also write the report to this file")
     args = p.parse_args(argv)
     if args.replicas is not None:
         return replicas_main(p, args)
+    if args.formats is not None:
+        return formats_main(p, args)
     host = urlsplit(args.url).hostname
     if host not in LOOPBACK:
         p.error(f"--url must be on this machine ({', '.join(sorted(LOOPBACK))}); got {host!r}")
@@ -272,6 +279,28 @@ def main(argv=None) -> int:
           and after["kv"]["free_blocks"] == before["kv"]["free_blocks"] and after["connections"] == 0)
     print("OK: nothing lost, every block back" if ok else "NOT OK: see lost, errors and the KV blocks above")
     return 0 if ok else 1
+
+
+def formats_main(p, args) -> int:
+    from . import classroom
+    try:
+        formats = classroom.parse_formats(args.formats)
+    except ValueError as e:
+        p.error(str(e))
+    if not 1 <= args.clients <= MAX_CLIENTS or not 0 < args.seconds <= MAX_SECONDS:
+        p.error(f"--clients must be 1..{MAX_CLIENTS} and --seconds 0..{MAX_SECONDS}")
+    report = classroom.measure(formats, args.clients, args.seconds, args.max_tokens, args.model)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    table = classroom.table(report, time.strftime("%Y-%m-%d"))
+    print(table)
+    if args.readme:
+        classroom.write_readme(table)
+    lost = sum(r["lost"] for r in report["formats"].values())
+    return 0 if lost == 0 else 1
 
 
 def replicas_main(p, args) -> int:

@@ -60,9 +60,9 @@ def uses_conftest_fixture(item, names: set[str]) -> bool:
 # `make test` runs the suite in two processes (pytest-xdist; tests/xdist_groups.py schedules):
 # one test module is one group, so a module's own server or engine starts once; every test of the
 # real-model server (`python -m app`, whose first jobs take minutes) is one group, so one server
-# computes them once, and the replicas behind nginx (servers of their own) join it; and the tests
-# that load transformers' reference share a process too.
-XDIST_GROUPS = (("real-server", {"server", "replicas"}), ("transformers", {"hf_reference", "logit_bounds"}))
+# computes them once; and the tests that load transformers' reference share a process too. The
+# real-model server's group is the longest: nothing else joins it.
+XDIST_GROUPS = (("real-server", {"server"}), ("transformers", {"hf_reference", "logit_bounds"}))
 
 
 def xdist_group(item) -> str:

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from bench import report
-from bench.__main__ import plan, prompt, repetitive, summarize
+from bench import classroom, load, report
+from bench.__main__ import main, plan, prompt, repetitive, summarize, turns
 from bench.systems import serving_metrics
 
 # A float64 formula (u = 2^-53) of at most 16 operations on the made-up results, evaluated here and
@@ -56,8 +56,25 @@ def test_plan_quick_and_full():
     Args.quick = False
     full = {s["name"]: s for s in plan(Args)}
     assert {"prefill_4096", "serve_32"} <= set(full)
-    assert full["decode_1"]["args"][1] == 128 and full["decode_1"]["rounds"] == 3
+    assert full["decode_1"]["args"][1] == 128 and full["decode_1"]["rounds"] == 7     # 2 x 3 + 1: the cheap one
+    assert full["prefill_512"]["rounds"] == 5 and full["prefill_4096"]["rounds"] == 3
+    assert full["serve_64"]["rounds"] == 3 and full["serve_8"]["rounds"] == 2
+    assert max(s["rounds"] for s in full.values()) == full["decode_1"]["rounds"]
     assert len(full["serve_64"]["args"][0]) == 64
+    Args.quick = True
+    quick = {s["name"]: s for s in plan(Args)}
+    assert quick["decode_1"]["rounds"] == 3 and quick["serve_64"]["rounds"] == 2   # a spread even in a quick run
+
+
+def test_the_systems_take_turns_round_by_round():
+    systems = ["a", "b", "c", "d"]
+    orders = [turns(systems, rnd) for rnd in range(len(systems))]
+    for order in orders:
+        assert sorted(order) == systems                        # every system once a round
+    assert sorted(order[0] for order in orders) == systems      # each goes first once
+    for s in systems:                                           # ... and sits in every place once
+        assert sorted(order.index(s) for order in orders) == list(range(len(systems)))
+    assert turns(systems, len(systems)) == systems and turns([], 3) == []
 
 
 def fake_results():
@@ -94,35 +111,127 @@ def test_summarize_reports_min_and_median():
     assert data["results"]["serve_64"]["ours q4_1"]["median"]["output_tok_s"] == 450
 
 
-def test_targets_are_ratios_of_medians():
+def test_targets_are_medians_of_ratios_per_round_with_their_spread():
     data = fake_results()
     found = {t["target"]: t for t in report.targets(data)}
     decode = found["decode alone: best format vs llama.cpp Q4_1"]
-    assert decode["measured"] == pytest.approx(110 / 100, rel=F64) and decode["met"] is True
+    # rounds: 100/100, 120/110, 110/90: the median of the rounds' ratios, not the ratio of the medians
+    ratios = [100 / 100, 120 / 110, 110 / 90]
+    assert decode["rounds"] == pytest.approx(ratios, rel=F64)
+    assert decode["measured"] == pytest.approx(120 / 110, rel=F64)
+    assert decode["spread"] == pytest.approx([1.0, 110 / 90], rel=F64)
+    assert decode["goal"] == report.GOALS[decode["target"]] == 1.5 and decode["met"] == "no"   # all below 1.5
     assert "ours q4_1" in decode["how"]
     fp32 = found["decode alone: fp32 vs transformers fp32"]
-    assert fp32["measured"] == pytest.approx(40 / 16, rel=F64) and fp32["met"] is False
+    assert fp32["rounds"] == pytest.approx([30 / 15, 40 / 16, 50 / 17], rel=F64)
+    assert fp32["met"] == "no"                                      # 2.0-2.9 against 3.0
     batch = found["64 concurrent: best format vs transformers' best static batch"]
-    assert batch["measured"] == pytest.approx(450 / 250, rel=F64) and batch["met"] is False
-    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9, rel=F64)
-    assert found["prefill 4096: best format vs transformers bf16"]["measured"] is None
-    assert "prefill 512: best format vs transformers' best here" not in found   # bf16 is its best here
+    assert batch["how"] == "ours q4_1 / transformers bf16"          # transformers' best median
+    assert batch["rounds"] == pytest.approx([400 / 250], rel=F64)   # the rounds both ran
+    prefill = found["prefill 512: best format vs transformers' best format"]
+    assert prefill["measured"] == pytest.approx(0.9, rel=F64) and prefill["how"] == "ours q4_1 / transformers bf16"
+    assert found["prefill 4096: best format vs transformers' best format"]["measured"] is None
+    assert found["prefill 4096: best format vs transformers' best format"]["met"] is None
     share = found["beside a busy process: ours q4_1 keeps its CPU share"]
-    assert share["measured"] == pytest.approx((85 / 110) / (2 / 3), rel=F64)
+    assert share["rounds"] == pytest.approx([(80 / 100) / (2 / 3), (90 / 120) / (2 / 3)], rel=F64)
     roof = found["decode alone vs the memory-bandwidth limit"]
-    assert roof["measured"] == pytest.approx(110 / (50e9 / 100e6), rel=F64)
+    assert roof["rounds"] == pytest.approx([r * 100e6 / 50e9 for r in (100, 120, 110)], rel=F64)
+    assert found["50 clients x 60 s (bench.load): best format vs the stored q4_1 row"]["measured"] is None
 
 
-def test_prefill_is_also_held_against_transformers_best_where_bf16_is_slow():
-    """On a CPU without fast bfloat16, transformers fp32 beats its bf16: the target line against
-    bf16 stays (the issue's), and one against transformers' best sits beside it."""
+def test_a_spread_that_crosses_its_goal_is_not_decided():
+    assert report.verdict((1.6, 2.0), 1.5) == "yes"
+    assert report.verdict((1.5, 1.5), 1.5) == "yes"           # reaching the goal is meeting it
+    assert report.verdict((1.0, 1.4), 1.5) == "no"
+    assert report.verdict((1.2, 1.7), 1.5) == "not decided"
+    assert report.verdict((1.2, 1.5), 1.5) == "not decided"
+    assert report.verdict(None, 1.5) is None
+    line = report.target("decode alone: best format vs llama.cpp Q4_1", [1.7, 1.4, 1.6], "x / y")
+    assert line["met"] == "not decided" and line["spread"] == [1.4, 1.7] and line["measured"] == 1.6
+    assert report.target("decode alone: best format vs llama.cpp Q4_1", [], "x")["spread"] is None
+
+
+def test_every_target_line_of_the_issue_with_its_goal_from_one_place():
     data = fake_results()
-    data["results"]["prefill_512"]["transformers fp32"] = {"runs": [2000], "load": [0.5]}
-    summarize(data["results"]["prefill_512"]["transformers fp32"])
-    found = {t["target"]: t for t in report.targets(data)}
-    assert found["prefill 512: best format vs transformers bf16"]["measured"] == pytest.approx(0.9, rel=F64)
-    fair = found["prefill 512: best format vs transformers' best here"]
-    assert fair["measured"] == pytest.approx(900 / 2000, rel=F64) and fair["how"] == "ours q4_1 / transformers fp32"
+    data["classroom"] = classroom_result({"q4_1": 300.0, "bf16": 450.0})
+    lines = report.targets(data)
+    issue = {"decode alone: best format vs llama.cpp Q4_1": 1.5,
+             "64 concurrent: best format vs transformers' best static batch": 2.0,
+             "prefill 512: best format vs transformers' best format": 1.5,
+             "prefill 4096: best format vs transformers' best format": 1.5,
+             "decode alone vs the memory-bandwidth limit": 0.6,
+             "50 clients x 60 s (bench.load): best format vs the stored q4_1 row": 2.0}
+    names = [t["target"] for t in lines]
+    assert len(names) == len(set(names))
+    for name, goal in issue.items():
+        assert name in names and report.GOALS[name] == goal
+    for t in lines:                                    # every goal is GOALS' own (the busy lines share one)
+        assert t["goal"] in report.GOALS.values()
+    room = lines[names.index("50 clients x 60 s (bench.load): best format vs the stored q4_1 row")]
+    assert room["rounds"] == pytest.approx([450 / 196.5], rel=F64) and room["met"] == "yes"
+    assert "ours bf16" in room["how"] and "2026-11-30" in room["how"] and "a5e1101" in room["how"]
+
+
+def classroom_result(rates: dict) -> dict:
+    """bench/classroom.py's measure() on made-up rows, with the stored baseline."""
+    def row(rate):
+        return {"sent": 10, "completed": 10, "lost": 0, "output_tokens_per_s": rate,
+                "ttft_ms": {"p50": 500.0, "p99": 900.0, "mean": 550.0}, "tpot_ms": {"p50": 200.0, "p99": 260.0}}
+    return {"model": "smollm2-135m", "clients": 50, "seconds": 60, "max_tokens": 32,
+            "formats": {f: row(r) for f, r in rates.items()}, "baseline": classroom.load_baseline()}
+
+
+def test_the_stored_baseline_is_the_readmes_q4_1_row():
+    base = classroom.load_baseline()
+    assert base["date"] == "2026-11-30" and len(base["commit"]) == 40
+    assert base["formats"]["q4_1"]["output_tokens_per_s"] == 196.5
+    assert (base["clients"], base["seconds"]) == (50, 60)
+
+
+@pytest.mark.parametrize("text, formats", [
+    ("fp32,bf16,q8_0,q4_1", ["fp32", "bf16", "q8_0", "q4_1"]),
+    ("q4_1", ["q4_1"]),
+    (" bf16 , q4_1 ,", ["bf16", "q4_1"]),
+])
+def test_the_formats_list_parses_in_its_order(text, formats):
+    assert classroom.parse_formats(text) == formats
+
+
+@pytest.mark.parametrize("text", ["", ",", "fp16", "q4_1,q4_1", "fp32 bf16"])
+def test_a_bad_formats_list_is_refused_by_name(text):
+    with pytest.raises(ValueError, match="--formats"):
+        classroom.parse_formats(text)
+
+
+@pytest.mark.parametrize("argv", [["--formats", "fp16"], ["--formats", "q4_1", "--clients", "0"]])
+def test_the_load_command_refuses_a_bad_formats_run(argv):
+    with pytest.raises(SystemExit) as exit_:
+        load.main(argv)
+    assert exit_.value.code == 2
+
+
+def test_the_bench_command_refuses_a_bad_classroom_list():
+    with pytest.raises(SystemExit) as exit_:
+        main(["--classroom-formats", "int3"])
+    assert exit_.value.code == 2
+
+
+def test_the_classroom_table_puts_each_format_beside_the_stored_rows(tmp_path):
+    room = classroom_result({"fp32": 160.0, "bf16": 270.5, "q8_0": 200.0, "q4_1": 210.0})
+    text = classroom.table(room, "2026-12-04")
+    lines = text.splitlines()
+    assert "--formats fp32,bf16,q8_0,q4_1 --clients 50 --seconds 60" in lines[0]
+    assert "load average" not in lines[0]                    # bench.load alone stores none
+    room["load_before"], room["load_after"] = (3.25, 1, 1), (1.5, 1, 1)
+    assert "load average 3.2 before and 1.5 after" in classroom.table(room, "2026-12-04").splitlines()[0]
+    rows = [line for line in lines if line.startswith("| 2026-")]
+    assert [r.split("|")[2].strip() for r in rows] == ["fp32", "bf16", "q8_0", "q4_1", "fp32", "q4_1", "bf16"]
+    assert "| 2026-12-04 | bf16 | 10 | 10 | 0 | 270.5 | 500 / 900 ms | 200 / 260 ms |" in rows
+    assert "| 2026-11-30 (stored) | q4_1 | 446 | 446 | 0 | 196.5 | 495 / 705 ms | 239 / 322 ms |" in rows
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{classroom.BEGIN}\nold\n{classroom.END}\nb\n")
+    classroom.write_readme(text, readme)
+    assert readme.read_text() == f"a\n{classroom.BEGIN}\n{text}\n{classroom.END}\nb\n"
 
 
 def test_bandwidth_shares_for_every_system_with_the_bytes_of_its_format():
@@ -142,7 +251,11 @@ def test_markdown_table_and_readme_section(tmp_path):
     table = report.markdown(data)
     assert "Test CPU" in table and "2026-11-30" in table
     assert "| decode, one request (tok/s) | 40.0 | 110 | 16.0 | — | 100 |" in table
-    assert "| decode alone: best format vs llama.cpp Q4_1 | 1.10x | 1.0x | yes |" in table
+    assert "| decode alone: best format vs llama.cpp Q4_1 | 1.09x | 1.00–1.22x | 3 | 1.5x | no |" in table
+    assert "Rounds: decode alone 3, prefill 512 1, 64 requests 2, beside a busy process 2" in table
+    data["targets"][0]["goal"] = 1.1                     # a goal inside the spread
+    data["targets"][0]["met"] = report.verdict(data["targets"][0]["spread"], 1.1)
+    assert "| 1.00–1.22x | 3 | 1.1x | not decided |" in report.markdown(data)
     json.dumps(data)  # the JSON the benchmark writes
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")

@@ -89,7 +89,18 @@ def expected(data: dict) -> dict:
     for i, t in enumerate(data["targets"]):
         if t["measured"] is not None:                    # not measured: a dash, no figure
             out[f"target.{i}"] = t["measured"]
+        if t.get("spread"):                              # the ratio's spread over its rounds
+            out[f"target.{i}.min"], out[f"target.{i}.max"] = t["spread"]
         out[f"target.{i}.goal"] = t["goal"]
+    room = data.get("classroom")
+    if room:                                             # this run's formats, then the stored rows
+        for prefix, rows in (("classroom", room["formats"]), ("classroom_baseline", room["baseline"]["formats"])):
+            for fmt, r in rows.items():
+                out[f"{prefix}.{fmt}.output_tokens_per_s"] = r["output_tokens_per_s"]
+                for metric in ("ttft", "tpot"):
+                    for pct in ("p50", "p99"):
+                        if r[f"{metric}_ms"][pct] is not None:
+                            out[f"{prefix}.{fmt}.{metric}_{pct}_ms"] = r[f"{metric}_ms"][pct]
     return out
 
 
@@ -123,6 +134,7 @@ def test_the_page_shows_every_number_of_the_latest_run(showing):
         assert date.today().isoformat() not in text
     for t in data["targets"]:
         assert t["target"] in text and t["how"] in text
+        assert report.met_text(t) in text                # yes, no or not decided
 
 
 def test_an_absolute_path_and_a_file_without_targets(showing, tmp_path):
@@ -134,9 +146,66 @@ def test_an_absolute_path_and_a_file_without_targets(showing, tmp_path):
     computed = report.targets(data)                       # where bench/report.py takes them from
     # report.targets' ratios now against the ones the run stored: a float64 formula of at most 4 roundings
     # on positive numbers ((busy / quiet) / (threads / (threads + 1))), maybe written in another form then
-    assert [page.values[f"target.{i}"] for i in range(len(computed))] == pytest.approx(
-        [t["measured"] for t in stored], rel=f64_rel(4), abs=0)
+    assert [t["target"] for t in computed] == [t["target"] for t in stored]
+    measured = [i for i, t in enumerate(stored) if t["measured"] is not None]     # a line not measured: no figure
+    assert [page.values[f"target.{i}"] for i in measured] == pytest.approx(
+        [stored[i]["measured"] for i in measured], rel=f64_rel(4), abs=0)
+    assert not any(f"target.{i}" in page.values for i in range(len(stored)) if i not in measured)
     assert [page.values[f"target.{i}.goal"] for i in range(len(computed))] == [t["goal"] for t in computed]
+
+
+def with_classroom(data: dict) -> dict:
+    """The run's JSON with a made-up classroom (bench/classroom.py's shape, the stored baseline) and a
+    target line whose spread crosses its goal."""
+    from bench.classroom import load_baseline
+
+    def row(rate, ttft, tpot):
+        return {"sent": 300, "completed": 300, "lost": 0, "output_tokens_per_s": rate,
+                "ttft_ms": {"p50": ttft, "p99": 2 * ttft, "mean": ttft}, "tpot_ms": {"p50": tpot, "p99": 1.5 * tpot}}
+    data = {**data, "classroom": {"model": "smollm2-135m", "clients": 50, "seconds": 60, "max_tokens": 32,
+                                  "formats": {"bf16": row(270.5, 400.0, 170.0), "q4_1": row(205.25, 480.0, 230.0)},
+                                  "baseline": load_baseline()}}
+    data["targets"] = report.targets(data)
+    line = data["targets"][0]
+    line["spread"], line["goal"] = [1.2, 1.8], 1.5
+    line["met"] = report.verdict(line["spread"], line["goal"])
+    return data
+
+
+def test_the_spread_the_verdicts_and_the_classroom(showing, tmp_path):
+    data = with_classroom(json.loads(LATEST.read_text()))
+    path = tmp_path / "room.json"
+    path.write_text(json.dumps(data))
+    resp = showing(path)
+    assert resp.status_code == 200
+    html = resp.get_data(as_text=True)
+    page = figures(html)
+    assert set(page.values) == set(expected(data))
+    for key, value in expected(data).items():
+        assert page.values[key] == value, key
+    assert page.values["target.0.min"] == 1.2 and page.values["target.0.max"] == 1.8
+    assert page.values["classroom.bf16.output_tokens_per_s"] == 270.5
+    assert page.values["classroom_baseline.q4_1.output_tokens_per_s"] == 196.5     # the stored row
+    targets = html.split('id="targets"', 1)[1]
+    assert '<td class="is-undecided">not decided</td>' in targets
+    room = html.split('id="classroom"', 1)[1].split("</section>", 1)[0]
+    assert room.count("<tr") == 1 + 2 + 3                 # the head, this run's 2 formats, the 3 stored rows
+    assert "2026-11-30" in room and "a5e1101" in room
+
+
+def test_a_file_from_before_the_spreads_says_yes_or_no(showing, tmp_path):
+    data = json.loads(LATEST.read_text())
+    data["targets"] = [{"target": "decode alone: best format vs llama.cpp Q4_1", "measured": 1.2, "goal": 1.0,
+                        "met": True, "how": "ours q4_1 / llama.cpp Q4_1"},
+                       {"target": "decode alone vs the memory-bandwidth limit", "measured": 0.4, "goal": 0.6,
+                        "met": False, "how": "ours q4_1"}]
+    data.pop("classroom", None)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    html = showing(path).get_data(as_text=True)
+    targets = html.split('id="targets"', 1)[1]
+    assert '<td class="is-met">yes</td>' in targets and '<td class="is-unmet">no</td>' in targets
+    assert 'id="classroom"' not in html
 
 
 def test_a_quick_run_shows_what_it_measured(showing, tmp_path):

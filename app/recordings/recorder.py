@@ -2,7 +2,8 @@
 sendlens server (loopback), the page's own client sends exactly the messages the widget sends,
 and the tap on that client (static/js/source.js, window.sendlensTaps) keeps every exchange that
 ended well. Once the widget is ready and nothing is in flight, its exchanges, the server's hello
-and the page's machine/engine/model make one recording.
+and the page's machine/engine/model make one recording. A few widgets record at once, each on its
+own page, and the recordings come back in the order of the jobs.
 
 Nothing is fetched from anywhere but that server: every other request is refused (and counted
 as a failure). Progress goes to `log` (stderr), one line per recording.
@@ -22,6 +23,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync"]
 SETTLE_S = 1.5          # no new exchange for this long, and nothing in flight: the widget is done
                         # (a widget that polls, such as paging every 0.5 s, repeats one key: not new)
+PAGES_AT_ONCE = 3       # widgets recorded side by side: one page waits on the engine or settles
+                        # while another loads (each page has its own socket and requests)
+POLL_S = 0.1            # how often each open page is read
 
 
 class RecordingFailed(RuntimeError):
@@ -68,67 +72,94 @@ def _record_in(browser, base: str, jobs: list[tuple[str, dict]], log, timeout_s:
             outside.append(url)
             r.abort()
 
-    out = []
+    done: dict[int, dict] = {}
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     try:
         context.route("**/*", route)
         started = time.monotonic()
-        for i, (widget, options) in enumerate(jobs, 1):
-            t0 = time.monotonic()
-            label = f"{widget}" + (f"?{urlencode(options)}" if options else " (defaults)")
-            print(f"[{i}/{len(jobs)}] recording {label} …", file=log, flush=True)
-            recording = record_one(context, base, widget, options, timeout_s)
-            if outside:
-                raise RecordingFailed(f"{label}: the page asked for something outside the server: {outside[:3]}")
-            out.append(recording)
-            print(f"[{i}/{len(jobs)}] {label}: {len(recording['exchanges'])} exchange(s) in "
-                  f"{time.monotonic() - t0:.1f} s", file=log, flush=True)
-        print(f"recorded {len(out)} in {time.monotonic() - started:.1f} s", file=log, flush=True)
+        waiting = list(enumerate(jobs, 1))
+        open_: list[Recording] = []
+        while waiting or open_:
+            while waiting and len(open_) < PAGES_AT_ONCE:
+                i, (widget, options) = waiting.pop(0)
+                print(f"[{i}/{len(jobs)}] recording {label_of(widget, options)} …", file=log, flush=True)
+                open_.append(Recording(context, base, i, widget, options, timeout_s))
+            for rec in list(open_):
+                recording = rec.poll()
+                if outside:
+                    raise RecordingFailed(f"{rec.label}: the page asked for something outside the server: {outside[:3]}")
+                if recording is None:
+                    continue
+                open_.remove(rec)
+                done[rec.index] = recording
+                print(f"[{rec.index}/{len(jobs)}] {rec.label}: {len(recording['exchanges'])} exchange(s) in "
+                      f"{time.monotonic() - rec.started:.1f} s", file=log, flush=True)
+            time.sleep(POLL_S)
+        print(f"recorded {len(done)} in {time.monotonic() - started:.1f} s", file=log, flush=True)
     finally:
         context.close()
-    return out
+    return [done[i] for i in sorted(done)]
 
 
-def record_one(context, base: str, widget: str, options: dict, timeout_s: float) -> dict:
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    try:
+def label_of(widget: str, options: dict) -> str:
+    return widget + (f"?{urlencode(options)}" if options else " (defaults)")
+
+
+class Recording:
+    """One widget's page, open while it records: poll() returns its recording once the widget is
+    ready, nothing is in flight and no exchange of a new key has ended for SETTLE_S (by the page's
+    own clock), else None. The page closes when it returns one or fails."""
+
+    READ = ("(name) => { const root = document.querySelector(`[data-widget=\"${name}\"]`);"
+            " const t = (window.sendlensTaps || {})[name];"
+            " return { state: root?.dataset.state, text: root?.innerText.slice(0, 300),"
+            "  pending: t ? t.pending : null, quiet_ms: t && t.lastNewAt !== null ? performance.now() - t.lastNewAt : null,"
+            "  hello: t ? t.hello : null, exchanges: t ? t.exchanges() : [],"
+            "  source: document.getElementById('sendlens-source')?.textContent }; }")
+
+    def __init__(self, context, base: str, index: int, widget: str, options: dict, timeout_s: float):
+        self.index, self.widget, self.options = index, widget, options
+        self.label = label_of(widget, options)
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s
+        self.timeout_s = timeout_s
+        self.errors: list[str] = []
+        self.page = context.new_page()
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         query = f"?{urlencode(options)}" if options else ""
-        page.goto(f"{base}/embed/{widget}{query}")
-        root = page.locator(f'[data-widget="{widget}"]')
-        page.wait_for_function(
-            "(name) => ['ready', 'error'].includes(document.querySelector(`[data-widget=\"${name}\"]`)?.dataset.state)",
-            arg=widget, timeout=timeout_s * 1000)
-        if root.get_attribute("data-state") == "error":
-            raise RecordingFailed(f"{widget}: the widget ended in error: {root.inner_text()[:300]}")
-        taken = _settled(page, widget, timeout_s)
-        if errors:
-            raise RecordingFailed(f"{widget}: the page logged errors: {errors[:3]}")
-        source = json.loads(page.locator("#sendlens-source").text_content())
+        try:
+            self.page.goto(f"{base}/embed/{widget}{query}", wait_until="commit")
+        except Exception:
+            self.page.close()
+            raise
+
+    def poll(self) -> dict | None:
+        try:
+            recording = self._check()
+        except Exception:
+            self.page.close()
+            raise
+        if recording is not None:
+            self.page.close()
+        return recording
+
+    def _check(self) -> dict | None:
+        taken = self.page.evaluate(self.READ, self.widget)
+        if taken["state"] == "error":
+            raise RecordingFailed(f"{self.widget}: the widget ended in error: {taken['text']}")
+        if self.errors:
+            raise RecordingFailed(f"{self.widget}: the page logged errors: {self.errors[:3]}")
+        settled = (taken["state"] == "ready" and taken["pending"] == 0 and taken["exchanges"]
+                   and taken["quiet_ms"] is not None and taken["quiet_ms"] >= SETTLE_S * 1000)
+        if not settled:
+            if time.monotonic() > self.deadline:
+                raise RecordingFailed(f"{self.widget}: not ready and settled after {self.timeout_s:.0f} s "
+                                      f"(state {taken['state']}, {taken['pending']} request(s) in flight)")
+            return None
+        source = json.loads(taken["source"])
         return validate({
-            "format": FORMAT, "widget": widget, "options": {k: str(v) for k, v in options.items()},
+            "format": FORMAT, "widget": self.widget, "options": {k: str(v) for k, v in self.options.items()},
             "machine": source["machine"], "date": now(), "engine": source["engine"], "model": source["model"],
             "hello": taken["hello"], "exchanges": taken["exchanges"],
         })
-    finally:
-        page.close()
-
-
-def _settled(page, widget: str, timeout_s: float) -> dict:
-    """The tap's state once no exchange of a new key has ended for SETTLE_S and nothing is in flight."""
-    read = ("(name) => { const t = window.sendlensTaps[name];"
-            " return { pending: t.pending, hello: t.hello, exchanges: t.exchanges() }; }")
-    deadline = time.monotonic() + timeout_s
-    last, since = None, time.monotonic()
-    while True:
-        taken = page.evaluate(read, widget)
-        state = len(taken["exchanges"])   # one per key (the tap keeps a key's latest)
-        if state != last:
-            last, since = state, time.monotonic()
-        elif taken["pending"] == 0 and taken["exchanges"] and time.monotonic() - since >= SETTLE_S:
-            return taken
-        if time.monotonic() > deadline:
-            raise RecordingFailed(f"{widget}: still {taken['pending']} request(s) in flight after {timeout_s:.0f} s")
-        time.sleep(0.1)

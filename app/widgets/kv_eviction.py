@@ -13,12 +13,15 @@ The cost is measured as perplexity on a long held-out text, one sequence of LONG
 the MoE perplexity table's held-out documentation topics (toy_models/train_router.py's
 held_out_ids, read at run time): full attention, then for each window w the window alone and the
 window with s sinks. The model is the serving weights in fp32 (engine.view.reference_model), run
-block by block in short slices (core/inspect/probes.py) with the eviction mask.
+block by block in short slices (core/inspect/probes.py) with the eviction mask. A rule's
+perplexity depends on the model and the rule only, so each is kept per serving model: a reader
+who changes the sinks waits only for the windows with the new sinks.
 
 Message: `kv_eviction` {windows, sinks} -> a job. Reply: each run's perplexity and KV bytes kept.
 """
 
 import math
+import weakref
 
 import torch
 
@@ -61,7 +64,7 @@ def long_text(engine) -> list[int]:
 
 def perplexity_in_slices(model, ids: list[int], eviction: Eviction):
     """exp(mean -log p(token | the ones before it that the rule keeps)) over ids, in slices."""
-    gen = probes.slices(model, ids, eviction=eviction)
+    gen = probes.slices(model, ids, eviction=eviction, entropies=False)
     while True:
         try:
             next(gen)
@@ -81,22 +84,27 @@ def perplexity_in_slices(model, ids: list[int], eviction: Eviction):
     return math.exp(nll / len(targets))
 
 
+_KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # serving model -> {eviction rule: perplexity}
+
+
 def eviction_job(engine, windows: list[int], sinks: int):
     ids = long_text(engine)
     T, per_token = len(ids), engine.view.model_config.kv_values_per_token * BYTES_PER_VALUE
     model = engine.view.reference_model
+    kept = _KEPT.setdefault(engine.view.model, {})
     runs = [("full", Eviction())] + [(f"window_{w}{suffix}", Eviction(s, w))
                                      for w in windows for suffix, s in (("_nosink", 0), ("", sinks))]
-    results = {}
-    for n, (name, rule) in enumerate(runs):
+    results = {name: kept[rule] for name, rule in runs if rule in kept}
+    todo = [(name, rule) for name, rule in runs if name not in results]
+    for n, (name, rule) in enumerate(todo):
         gen = perplexity_in_slices(model, ids, rule)
         while True:
             try:
                 next(gen)
             except StopIteration as stop:
-                results[name] = stop.value
+                results[name] = kept[rule] = stop.value
                 break
-            yield Progress(n, len(runs), f"{'full attention' if name == 'full' else name.replace('_', ' ')}")
+            yield Progress(n, len(todo), f"{'full attention' if name == 'full' else name.replace('_', ' ')}")
     rows = [{"window": w, "sinks": sinks, "perplexity": results[f"window_{w}"],
              "perplexity_nosink": results[f"window_{w}_nosink"],
              "kept_tokens": Eviction(sinks, w).kept_tokens(T),

@@ -165,7 +165,7 @@ def route_job(engine, texts: list[list[int]], k: int):
     try:
         done = 0
         for n, ids in enumerate(texts):
-            for item in probes.slices(model, ids):                  # one short slice each
+            for item in probes.slices(model, ids, entropies=False):  # one short slice each
                 done += item is not None
                 yield Progress(done, len(texts) * L, f"text {n + 1} of {len(texts)} through the routers")
     finally:
@@ -202,7 +202,7 @@ def parallel_job(engine, texts: list[list[int]], k: int, layer: int, workers: in
     hook = mlp.register_forward_pre_hook(lambda m, args: rows.append(args[0].clone()))
     try:
         for n, ids in enumerate(texts):
-            for item in probes.slices(model, ids):
+            for item in probes.slices(model, ids, entropies=False):
                 if item is not None and item.layer == layer:
                     break
                 yield Progress(n, len(texts) + 2, f"text {n + 1} of {len(texts)} up to layer {layer}")

@@ -74,7 +74,7 @@ def held_out_pieces(tokenizer) -> tuple[list[list[int]], dict]:
 
 def logits_in_slices(model, ids: list[int]):
     """Every position's logits (T, V) fp32 from `model` as its engine multiplies it, in slices."""
-    gen = probes.slices(model, ids)
+    gen = probes.slices(model, ids, entropies=False)
     while True:
         try:
             next(gen)

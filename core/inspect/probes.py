@@ -33,7 +33,7 @@ class LayerRecord:
     q_raw: torch.Tensor              # (T, H, D) queries before RoPE
     k_raw: torch.Tensor              # (T, Hkv, D) keys before RoPE
     attention: torch.Tensor | None   # (H, T, T) softmax weights, zero above the diagonal
-    entropy: torch.Tensor            # (H, T) entropy in nats of each query's attention row
+    entropy: torch.Tensor | None     # (H, T) entropy in nats of each query's attention row (None: not asked)
     attn_update: torch.Tensor        # (T,) L2 norm of what attention adds to the residual
     mlp_update: torch.Tensor         # (T,) L2 norm of what the MLP adds
     residual: torch.Tensor           # (T,) L2 norm of the residual stream after the block
@@ -50,7 +50,8 @@ ATTENTION_CELLS = 1 << 19    # query-key pairs x heads per slice of attention
 
 
 @torch.inference_mode()
-def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False, eviction: Eviction = FULL):
+def slices(model: Transformer, ids: list[int], attention: bool | set[int] = False, eviction: Eviction = FULL,
+           entropies: bool = True):
     """Run `ids` through the model in small slices: yields None after each slice of work and a
     LayerRecord when a block is done. A slice is at most ROWS tokens through a linear layer or
     ATTENTION_CELLS query-key pairs of attention, so a caller can pause between slices for
@@ -59,7 +60,9 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
     Each block is run from its own modules, as Block.forward and Attention.forward do on the
     uncached path (norm, fused q/k/v, RoPE, causal `attend`, output projection, residual add;
     norm, MLP, residual add), with the attention split by query rows. attention: True keeps every
-    layer's weights, a set of layer indices keeps some, False none (entropies are always kept).
+    layer's weights, a set of layer indices keeps some, False none. entropies: each query row's
+    attention entropy per head (LayerRecord.entropy; None when False: a caller that wants only the
+    residual stream, such as a perplexity, skips that work).
     eviction: the keys each query still sees (attention.Eviction; every earlier one by default).
     Returns (to `yield from`) the residual stream after the last block (T, C), before the final norm.
     """
@@ -76,14 +79,15 @@ def slices(model: Transformer, ids: list[int], attention: bool | set[int] = Fals
         q, k = model.rotary(q_raw, positions), model.rotary(k_raw, positions)
         y = torch.empty(T, H, D)
         weights = torch.empty(H, T, T) if keep else None   # filled (and paged in) chunk by chunk
-        ent = torch.empty(H, T)
+        ent = torch.empty(H, T) if entropies else None
         rows = max(1, ATTENTION_CELLS // (T * H))
         for start in range(0, T, rows):
             end = min(T, start + rows)
             mask = eviction.visible(positions[start:end, None], torch.arange(end)[None, :])  # (Q, K) causal
             out, w = attend(q[None, start:end], k[None, :end], v[None, :end], mask[None])
             y[start:end] = out[0]                                            # (Q, H, D)
-            ent[:, start:end] = entropy(w[0])                                # (H, Q)
+            if entropies:
+                ent[:, start:end] = entropy(w[0])                            # (H, Q)
             if keep:
                 weights[:, start:end, :end] = w[0]
                 weights[:, start:end, end:] = 0                              # above the diagonal

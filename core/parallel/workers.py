@@ -226,6 +226,10 @@ def _worker_main(rank, world_size, init_method, timeout_s, threads, parent_pid, 
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
+            # Every rank has its connections before any goes on: a rank whose target talks to no
+            # one would otherwise finish and close its side while a slower peer (a busy machine)
+            # is still connecting to it, and that peer's set-up fails ("connection closed by peer").
+            dist.barrier()
             # Plain pickle, by value: multiprocessing's own pickler would share a tensor's memory
             # through this process, which may have exited before the parent reads it.
             results.put((rank, True, pickle.dumps(target(rank, world_size, *args))))

@@ -10,6 +10,7 @@ const COLORS = {
   "transformers fp32": "#f0b27a", "transformers bf16": "#d9822b", "llama.cpp Q4_1": "#1d7a4f",
 };
 const AXIS_FONT = { size: 10 };
+const VERDICT_COLORS = { yes: "#1d7a4f", no: "#b8323f", "not decided": "#c08a1a" };
 const LEGEND = { orientation: "h", yanchor: "bottom", y: 1.02, x: 0, font: { size: 10 } };
 
 // Room above the plot for a legend of `entries` items, which wraps on a narrow screen.
@@ -100,10 +101,15 @@ function latencyChart(view, node) {
 function targetsChart(view, node) {
   const rows = view.targets.filter((t) => t.measured !== null);
   const labels = rows.map((t, i) => `${i + 1}. ${t.target.length > 44 ? `${t.target.slice(0, 43)}…` : t.target}`);
+  // the whisker: each line's spread over its rounds, from the lowest ratio to the highest
+  const spread = (t, side) => (t.spread ? Math.abs(t.spread[side] - t.measured) : 0);
   return plot(node, [
-    { type: "bar", orientation: "h", name: "measured", y: labels, x: rows.map((t) => t.measured),
-      marker: { color: rows.map((t) => (t.met ? "#1d7a4f" : "#b8323f")) }, customdata: rows.map((t) => t.target),
-      hovertemplate: "%{customdata}: %{x:.2f}x<extra></extra>" },
+    { type: "bar", orientation: "h", name: "median of the rounds", y: labels, x: rows.map((t) => t.measured),
+      marker: { color: rows.map((t) => VERDICT_COLORS[t.met] ?? "#8b8f97") },
+      error_x: { type: "data", symmetric: false, array: rows.map((t) => spread(t, 1)),
+        arrayminus: rows.map((t) => spread(t, 0)), color: "#1d1f23", thickness: 1.5, width: 4 },
+      customdata: rows.map((t) => [t.target, t.met, t.spread ? `${t.spread[0].toFixed(2)}–${t.spread[1].toFixed(2)}x` : "one value"]),
+      hovertemplate: "%{customdata[0]}: %{x:.2f}x (spread %{customdata[2]}), met: %{customdata[1]}<extra></extra>" },
     { type: "scatter", mode: "markers", name: "goal", y: labels, x: rows.map((t) => t.goal),
       marker: { symbol: "line-ns-open", size: 18, color: "#1d1f23", line: { width: 2.5, color: "#1d1f23" } }, hovertemplate: "goal %{x}x<extra></extra>" },
   ], {

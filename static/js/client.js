@@ -54,7 +54,7 @@ class Client {
     this.url = url;
     this.share = share;
     this.pending = new Map();      // id -> { kind, onMessage, release }
-    this.outbox = [];              // messages waiting for the socket to open
+    this.outbox = [];              // messages waiting for the server to admit the connection (hello)
     this.hello = null;             // the server's hello: model facts and limits
     this.helloWaiters = [];
     this.statusListeners = new Set();
@@ -81,7 +81,6 @@ class Client {
     ws.addEventListener("open", () => {
       this.opened = true;
       this.setStatus("open");
-      for (const text of this.outbox.splice(0)) ws.send(text);
     });
     ws.addEventListener("message", (event) => this.dispatch(JSON.parse(event.data)));
     ws.addEventListener("close", (event) => {
@@ -129,6 +128,9 @@ class Client {
       this.gates.generate.setLimit(msg.limits?.max_requests_per_connection ?? 1);
       this.backoff = 500;   // admitted: a refusal (overloaded, then closed) keeps backing off
       this.admitted = true;
+      // Only now: a refused connection is closed with our messages unread, and a socket closed with
+      // unread data is reset (RST), which can discard the refusal before it is read (through a proxy).
+      for (const text of this.outbox.splice(0)) this.ws.send(text);
       for (const resolve of this.helloWaiters.splice(0)) resolve(msg);
       for (const fn of this.helloListeners) fn(msg);
       return;
@@ -169,7 +171,7 @@ class Client {
 
   send(msg) {
     const text = JSON.stringify(msg);
-    if (this.ws.readyState === WebSocket.OPEN) this.ws.send(text);
+    if (this.admitted && this.ws.readyState === WebSocket.OPEN) this.ws.send(text);
     else {
       this.outbox.push(text);
       if (this.status === "idle") this.connect();

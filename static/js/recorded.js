@@ -96,10 +96,12 @@ export class RecordingClient {
 export function tapClient(client, { onRefused = null } = {}) {
   const ended = new Map();   // key -> exchange
   let pending = 0;
+  let lastNewAt = null;      // performance.now() when a key first ended (the recorder waits for quiet)
   const tap = {
     get hello() { return client.hello; },
     get status() { return client.status; },
     get pending() { return pending; },
+    get lastNewAt() { return lastNewAt; },
     ready: () => client.ready(),
     onStatus: (fn) => client.onStatus(fn),
     onHello: (fn) => client.onHello(fn),
@@ -113,8 +115,11 @@ export function tapClient(client, { onRefused = null } = {}) {
         if (open && terminal(msg, body.type)) {
           open = false;
           pending -= 1;
-          if (msg.type !== "error") ended.set(canonicalKey(body), { key: canonicalKey(body), message: { ...body, id: handle.id }, replies });
-          else if (msg.code === "overloaded" || msg.code === "disconnected") onRefused?.(msg.code);
+          if (msg.type !== "error") {
+            const key = canonicalKey(body);
+            if (!ended.has(key)) lastNewAt = performance.now();
+            ended.set(key, { key, message: { ...body, id: handle.id }, replies });
+          } else if (msg.code === "overloaded" || msg.code === "disconnected") onRefused?.(msg.code);
         }
         onMessage(msg);
       });

@@ -61,6 +61,18 @@ def test_the_job_on_the_tiny_model(tiny_loaded):
     check_reply(r, [32, 128], 4, engine.view.info()["kv_bytes_per_token"])
     assert r["engine_window"] == 0 and r["engine_sinks"] == 0
 
+    # other sinks: the model keeps each rule's perplexity, so only the two windows with 2 sinks run
+    items, again = drain(eviction_job(engine, [32, 128], 2))
+    assert [i.total for i in items if isinstance(i, Progress)][-1] == 2
+    check_reply(again, [32, 128], 2, engine.view.info()["kv_bytes_per_token"])
+    for key in ("perplexity_full", "perplexity_window_32_nosink", "perplexity_window_128_nosink"):
+        assert again[key] == r[key], key
+    # and every figure is what a model that kept nothing computes
+    fresh = LLMEngine(EngineConfig(model="tiny", num_kv_blocks=8), tiny_loaded)
+    items, alone = drain(eviction_job(fresh, [32, 128], 2))
+    assert [i.total for i in items if isinstance(i, Progress)][-1] == 1 + 2 * 2   # its own model: all five run
+    assert {k: v for k, v in again.items() if k != "machine"} == {k: v for k, v in alone.items() if k != "machine"}
+
 
 @pytest.mark.real_model
 def test_sinks_beat_the_window_alone_on_the_real_model(real_ws):
