@@ -252,7 +252,8 @@ REFERENCE_PROMPT = (
     "Nobody in the village remembered a night when the light had failed. One winter the storm "
     "came early, and for three days the sea threw itself against the rocks below the tower."
 )
-INT16_MAX = 32767   # core/kernels/csrc/int16_rows.h: x ~ s * i, s = the group's largest |x| / 32767
+INT16_MAX = 32767   # core/kernels/csrc/int16_rows.h: x ~ s * i, s = the group's largest |x| / 32767 (Q8_0)
+INT8_MAX = 127      # core/kernels/csrc/int8_rows.h: x ~ s * i, s = the group's largest |x| / 127 (Q4_1)
 
 
 def bf16_step(x: torch.Tensor) -> torch.Tensor:
@@ -279,40 +280,64 @@ def _bf16_step_general(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, torch.zeros_like(x), torch.ldexp(torch.ones_like(x), exponent - 8))
 
 
-def int16_group_step(x: torch.Tensor, group: int = 32) -> torch.Tensor:
-    """The step the AVX2 kernels round activations to, for each entry of x (..., n): per group of
-    32, s = the group's largest |x| / 32767, so x ~ s * an integer of 16 bits."""
+def int_group_step(x: torch.Tensor, top: int, group: int = 32) -> torch.Tensor:
+    """The step the integer kernels round activations to, for each entry of x (..., n): per group
+    of 32, s = the group's largest |x| / top, so x ~ s * an integer in -top..top."""
     g = x.reshape(*x.shape[:-1], -1, group)
-    return (g.abs().amax(-1, keepdim=True) / INT16_MAX).expand_as(g).reshape(x.shape)
+    return (g.abs().amax(-1, keepdim=True) / top).expand_as(g).reshape(x.shape)
+
+
+def int16_group_step(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """int_group_step of the Q8_0 kernel's 16-bit integers (top 32767)."""
+    return int_group_step(x, INT16_MAX, group)
+
+
+def int8_group_step(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """int_group_step of the Q4_1 kernels' 8-bit integers (top 127), llama.cpp's rounding of
+    activations: 258 times the 16-bit step."""
+    return int_group_step(x, INT8_MAX, group)
+
+
+def rounded_to_int_groups(x: torch.Tensor, top: int, group: int = 32) -> torch.Tensor:
+    """x (..., n) rounded as the integer kernels round activations: per group of 32, to integers
+    times s = the group's largest |x| / top (an error of at most s / 2 each). float64."""
+    s = int_group_step(x.double(), top, group)
+    return torch.round(x.double() / s.clamp_min(1e-300)) * s
 
 
 def rounded_to_int16_groups(x: torch.Tensor, group: int = 32) -> torch.Tensor:
-    """x (..., n) rounded as the AVX2 Q4_1 kernel rounds activations: per group of 32, to integers
-    times s = the group's largest |x| / 32767 (an error of at most s / 2 each). float64."""
-    s = int16_group_step(x.double(), group)
-    return torch.round(x.double() / s.clamp_min(1e-300)) * s
+    """rounded_to_int_groups with 16-bit integers (the Q8_0 kernel)."""
+    return rounded_to_int_groups(x, INT16_MAX, group)
+
+
+def rounded_to_int8_groups(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """rounded_to_int_groups with 8-bit integers (the Q4_1 kernels)."""
+    return rounded_to_int_groups(x, INT8_MAX, group)
 
 
 # How each kind of activation rounding a format makes is done (to nearest) and how far apart its
 # values lie (the step: a rounding moves a value by at most half of it).
-ROUND = {"bf16": lambda x: rounded_to(x, torch.bfloat16).to(x.dtype), "int16": rounded_to_int16_groups}
-STEP = {"bf16": bf16_step, "int16": int16_group_step}
+ROUND = {"bf16": lambda x: rounded_to(x, torch.bfloat16).to(x.dtype), "int16": rounded_to_int16_groups,
+         "int8": rounded_to_int8_groups}
+STEP = {"bf16": bf16_step, "int16": int16_group_step, "int8": int8_group_step}
 
 
 def format_roundings(fmt: str, isa: str):
     """(weight, x_kind, y_kind) of weight format `fmt` on kernel path `isa`
-    (core.model.linear.q4_kernel_isa(): "avx512bf16", "avx2", or "" for PyTorch's int4 kernel):
+    (core.model.linear.q4_kernel_isa(): "avx512vnni", "avx2", or "" for PyTorch's int4 kernel):
     weight(w) the values the engine multiplies by for the fp32 weight w (float64); x_kind and
     y_kind how the activations and the result are rounded (a key of ROUND, or None: kept):
     - bf16: weights, activations and the result rounded to bfloat16 (every bf16 path: oneDNN's
       AVX512-BF16, the engine's fp32 kernel on bfloat16 weights, PyTorch's bf16 product);
     - q4_1: the weights the engine quantizes to (core.model.linear.quantize_q4_1: the format's
-      definition, checked by test_gemm), the activations rounded to bfloat16 (avx512bf16) or to
-      16-bit integers per group of 32 (avx2), the result fp32; PyTorch's int4 kernel instead takes
-      scale = d and zero = m + 8d in bfloat16, bfloat16 activations and result;
+      definition, checked by test_gemm), the activations rounded to 8-bit integers per group of 32
+      (avx512vnni and avx2 alike, llama.cpp's rounding; the integer sums exact), the result fp32;
+      PyTorch's int4 kernel instead takes scale = d and zero = m + 8d in bfloat16, bfloat16
+      activations and result;
     - q8_0: the engine's Q8_0 kernel (csrc/q8_matmul.cpp, on every AVX2 CPU, AVX-512 or not): the
-      weights core.model.linear.quantize_q8_0 makes (llama.cpp's Q8_0), the activations rounded to
-      16-bit integers per group of 32, the integer sums exact, the result fp32."""
+      weights core.model.linear.quantize_q8_0 makes (llama.cpp's Q8_0), the activations rounded
+      per group of 32 to 8-bit integers (avx512vnni) or 16-bit integers (avx2), the integer sums
+      exact, the result fp32."""
     from core.model.linear import Q4_GROUP, quantize_q4_1, quantize_q8_0
     bf16 = torch.bfloat16
     if fmt == "bf16":
@@ -321,7 +346,7 @@ def format_roundings(fmt: str, isa: str):
         def q8_weight(w):
             q, d = quantize_q8_0(w.float())
             return q.double() * d.double().repeat_interleave(Q4_GROUP, 1)
-        return q8_weight, "int16", None
+        return q8_weight, ("int8" if isa == "avx512vnni" else "int16"), None
     if fmt != "q4_1":
         raise ValueError(f"format_roundings: fmt {fmt!r} is not bf16, q8_0 or q4_1")
 
@@ -330,7 +355,7 @@ def format_roundings(fmt: str, isa: str):
         if not isa:
             d, m = rounded_to(d, bf16), rounded_to(m + 8 * d, bf16) - 8 * rounded_to(d, bf16)
         return q * d.repeat_interleave(Q4_GROUP, 1) + m.repeat_interleave(Q4_GROUP, 1)
-    return q4_weight, ("int16" if isa == "avx2" else "bf16"), (None if isa else "bf16")
+    return q4_weight, ("int8" if isa else "bf16"), (None if isa else "bf16")
 
 
 def redraw_product(fmt: str, isa: str, generator: torch.Generator):
@@ -427,22 +452,52 @@ class LogitBounds:
         self.fp32_pair = 2 * self.fp32_each
 
     @functools.cache
-    def redrawn(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, s) (T, V) float64: the sample mean and standard deviation over REDRAWS redrawn
-        runs (one batch, a fixed seed) of each logit's error against `exact`. The mean holds what
-        every run shares, the format's rounding of the weights (the engine's weights are the same
-        numbers); s, the activations' roundings drawn again."""
+    def runs(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """REDRAWS float32 runs of the network with every activation rounding of format `fmt` on
+        kernel path `isa` redrawn (one batch, a fixed seed), summed up: (mean, s) (T, V) float64,
+        the sample mean and standard deviation of each logit's error against `exact`; and each
+        run's quality figures against `exact` as the quantization table computes them
+        (app/lab/formats.compare, written out here): top5 (REDRAWS,), the share of positions whose
+        top-5 set is exact's, and kl (REDRAWS,), the mean KL(exact || run) per position."""
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             _, logits = llama_f64(self.model, self.ids, redraw_product(fmt, isa, generator),
                                   dtype=torch.float32, batch=REDRAWS)   # (REDRAWS, T, V)
         total, squares = torch.zeros_like(self.exact), torch.zeros_like(self.exact)
+        lp_exact = torch.log_softmax(self.exact, -1)
+        top_exact = self.exact.topk(5, dim=-1).indices.sort(-1).values
+        top5, kl = [], []
         for run in logits:
             err = run.double() - self.exact
             total += err
             squares += err * err
+            lp = torch.log_softmax(run.double(), -1)
+            kl.append(float((lp_exact.exp() * (lp_exact - lp)).sum(-1).clamp_min(0.0).mean()))
+            same = (run.topk(5, dim=-1).indices.sort(-1).values == top_exact).all(-1)
+            top5.append(float(same.double().mean()))
         mean = total / REDRAWS
-        return mean, ((squares - REDRAWS * mean * mean).clamp_min(0) / (REDRAWS - 1)).sqrt()
+        sd = ((squares - REDRAWS * mean * mean).clamp_min(0) / (REDRAWS - 1)).sqrt()
+        return mean, sd, torch.tensor(top5, dtype=torch.float64), torch.tensor(kl, dtype=torch.float64)
+
+    def redrawn(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, s) (T, V) float64: the sample mean and standard deviation over REDRAWS redrawn
+        runs of each logit's error against `exact` (runs). The mean holds what every run shares,
+        the format's rounding of the weights (the engine's weights are the same numbers); s, the
+        activations' roundings drawn again."""
+        return self.runs(fmt, isa)[:2]
+
+    def quality_bounds(self, fmt: str, isa: str) -> tuple[float, float]:
+        """(lowest top-5 agreement, highest mean KL) against fp32 that the engine's format `fmt` on
+        kernel path `isa` may show on these tokens, from the redrawn runs' quality figures (runs):
+        the engine's figure is one more draw of the same rounding process. Each figure is a mean
+        over the T positions of a bounded quantity whose roundings are drawn independently, taken
+        as sub-Gaussian like the logits' errors, so redraw_factor (for the two figures at once)
+        times the runs' standard deviation bounds its distance from their mean, except with
+        probability 2 * SIGNIFICANCE. The engine's figures are against our fp32 logits, within
+        fp32_each of `exact`: a few ulps, nothing at this scale."""
+        _, _, top5, kl = self.runs(fmt, isa)
+        q = redraw_factor(2)
+        return float(top5.mean() - q * top5.std()), float(kl.mean() + q * kl.std())
 
     def logit_bound(self, fmt: str, isa: str = "", candidates: int = 64) -> torch.Tensor:
         """The bound (T, V) on |engine logit - transformers' fp32 logit| for weight format `fmt` on

@@ -30,7 +30,7 @@ def test_redraw_factor_grows_with_the_logits_covered_and_falls_with_the_redraws(
     assert redraw_factor(1000) > math.sqrt(2 * math.log(2 * 1000 / 1e-3))
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int16"])
+@pytest.mark.parametrize("kind", ["bf16", "int16", "int8"])
 def test_a_rounding_moves_a_value_by_at_most_half_its_step(kind):
     """The redraw model's step (STEP) is the spacing the rounding (ROUND) lands on: rounding to
     nearest moves each value by at most half of it, and the step is not larger than needed."""
@@ -48,12 +48,14 @@ def test_a_redrawn_product_stays_within_half_a_step_per_activation():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4, 64, generator=g, dtype=torch.float64)
     eye = torch.eye(64, dtype=torch.float32)
-    weight, x_kind, y_kind = format_roundings("q4_1", "avx512bf16")
+    weight, x_kind, y_kind = format_roundings("q4_1", "avx512vnni")
     w = weight(eye)                                         # Q4_1's identity: fp16 scales, near 1
-    assert (x_kind, y_kind) == ("bf16", None)
-    product = redraw_product("q4_1", "avx512bf16", g)
+    assert (x_kind, y_kind) == ("int8", None)
+    assert format_roundings("q4_1", "avx2")[1:] == ("int8", None)     # the same rounding on both paths
+    assert format_roundings("q4_1", "")[1:] == ("bf16", "bf16")       # PyTorch's int4 kernel
+    product = redraw_product("q4_1", "avx512vnni", g)
     a, b = product(x, eye), product(x, eye)
     assert not torch.equal(a, b)
     moved = (a - x @ w.T).abs()
-    assert bool((moved <= (STEP["bf16"](x) / 2) @ w.abs().T * (1 + 1e-12)).all())
-    assert abs(float(((a - x @ w.T) / STEP["bf16"](x)).mean())) < 0.05
+    assert bool((moved <= (STEP["int8"](x) / 2) @ w.abs().T * (1 + 1e-12)).all())
+    assert abs(float(((a - x @ w.T) / STEP["int8"](x)).mean())) < 0.05

@@ -5,12 +5,12 @@ PyTorch's plain one; the Q4_1 and Q8_0 packings stand for the same weights."""
 import pytest
 import torch
 
-from bounds import U_BF16, fp32_dot_bound, rounded_to
+from bounds import INT8_MAX, INT16_MAX, U_BF16, fp32_dot_bound, rounded_to
 from kernel_paths import NATIVE, PATHS, kernel_path, use_path  # noqa: F401 (kernel_path: a fixture)
 from core.config import WeightFormat
 from core.errors import InvalidParameter
 from core.model.linear import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
-                       pack_q4_1, pack_q4_1_native, pad_rows, prepacking_available, products_here, q4_kernel,
+                       pack_q4_1, pack_q4_1_native, pack_q8_0_native, pad_rows, prepacking_available, products_here, q4_kernel,
                        q4_kernel_isa, quantize_q4_1, quantize_q8_0)
 
 
@@ -22,7 +22,7 @@ def cpu_flags() -> set[str]:
 # oneDNN packs bfloat16 weights only where the CPU converts to bfloat16 natively
 BF16_PACKS = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 NO_BF16_PACKING = pytest.mark.skipif(not BF16_PACKS, reason="oneDNN packs no bfloat16 weights on this CPU")
-NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 BF16 or AVX2")
+NO_Q4_KERNEL = pytest.mark.skipif(not q4_kernel_isa(), reason="the Q4_1 kernel needs AVX-512 VNNI or AVX2")
 NO_F32_KERNEL = pytest.mark.skipif(f32_kernel() is None, reason="the fp32 kernel needs AVX2 and FMA")
 NO_Q8_KERNEL = pytest.mark.skipif(not (q4_kernel() and q4_kernel().q8_matmul_available()),
                                   reason="the Q8_0 kernel needs AVX2")
@@ -97,7 +97,7 @@ def test_q8_0_takes_the_q8_0_kernel_or_the_int4_halves():
 def test_the_q4_1_kernel_is_built_for_this_cpu():
     """q4_1 runs the engine's own kernel, for the best instruction set this CPU has."""
     flags = cpu_flags()
-    expected = ("avx512bf16" if {"avx512_bf16", "avx512bw"} <= flags else
+    expected = ("avx512vnni" if {"avx512_vnni", "avx512bw"} <= flags else
                 "avx2" if {"avx2", "fma", "f16c"} <= flags else "")
     assert q4_kernel_isa() == expected
     assert (q4_kernel() is not None) == bool(expected)
@@ -107,11 +107,11 @@ def test_the_q4_1_kernel_is_built_for_this_cpu():
 def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor):
     """(activations, weights, |weights| for the rounding bound, output unit roundoff, extra) that a
     format's product multiplies, in float64: fp32 as they are; bf16 both rounded to bfloat16 and the result too; q4_1 the Q4_1 weights
-    d*q + m (exact in float64) with the activations as each kernel rounds them: to bfloat16
-    (AVX-512 BF16, and PyTorch's int4 kernel, whose scale d and zero m + 8d are bfloat16 and
-    whose result is bfloat16; its dequantized weight is taken as rounded to bfloat16 too, one
-    more u_bf16 * |x||w| below, whether or not it is), or to 16-bit integers per group of 32
-    (AVX2: at most max|group| / 65534 off each, so at most that times |w| per term: `extra`, (N, M)).
+    d*q + m (exact in float64) with the activations as each kernel rounds them: to 8-bit integers
+    per group of 32 (the engine's kernel, AVX-512 VNNI or AVX2: at most max|group| / 254 off each,
+    so at most that times |w| per term: `extra`, (N, M)), or to bfloat16 (PyTorch's int4 kernel,
+    whose scale d and zero m + 8d are bfloat16 and whose result is bfloat16; its dequantized
+    weight is taken as rounded to bfloat16 too, one more u_bf16 * |x||w| below, whether or not it is).
     The Q4_1 kernels sum x*q per group, then scale by d and add m * sum(x): their fp32 roundings
     are bounded with |d*q| + |m| in place of |w| (m can cancel d*q in w, not in the roundings)."""
     if fmt == "fp32":
@@ -124,9 +124,7 @@ def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor
     groups = lambda t: t.double().repeat_interleave(32, 1)
     if product is OWN:
         wq, wabs = q.double() * groups(d) + groups(m), q.double() * groups(d) + groups(m).abs()
-        if q4_kernel_isa() == "avx512bf16":
-            return rounded_to(x, torch.bfloat16), wq, wabs, 0.0, 0.0
-        step = (x.reshape(x.shape[0], -1, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double()
+        step = (x.reshape(x.shape[0], -1, 32).abs().amax(-1) / (2 * INT8_MAX)).repeat_interleave(32, 1).double()
         return x.double(), wq, wabs, 0.0, step @ wq.abs().T
     scale, zero = d.to(torch.bfloat16).double(), (m + 8 * d).to(torch.bfloat16).double()
     wq, wabs = (q.double() - 8) * groups(scale) + groups(zero), (q.double() - 8).abs() * groups(scale) + groups(zero).abs()
@@ -134,10 +132,16 @@ def format_operands(fmt: str, product: Product, x: torch.Tensor, w: torch.Tensor
     return xs, wq, wabs, U_BF16, U_BF16 * (xs.abs() @ wq.abs().T)
 
 
+def q8_0_top() -> int:
+    """The largest integer the Q8_0 kernel rounds activations to on the kernel path in use:
+    127 with AVX-512 VNNI (8 bits), 32767 with AVX2 (16 bits): csrc/q8_matmul.cpp."""
+    return INT8_MAX if q4_kernel_isa() == "avx512vnni" else INT16_MAX
+
+
 def q8_0_operands(product: Product, x: torch.Tensor, w: torch.Tensor):
     """format_operands for q8_0: the Q8_0 weights d*q (exact in float64). The engine's kernel rounds
-    the activations to 16-bit integers per group of 32 (AVX2, as q4_1's: `extra`) and sums exactly
-    per group, then in fp32. The fallback splits q = 16*hi + lo (hi = q >> 4, lo = q & 15) into two
+    the activations per group of 32 to 8-bit integers (AVX-512 VNNI) or 16-bit integers (AVX2):
+    at most max|group| / (2 * top) off each (q8_0_top; `extra`), and sums exactly per group, then in fp32. The fallback splits q = 16*hi + lo (hi = q >> 4, lo = q & 15) into two
     PyTorch int4 products, whose scales bf16(16d) and bf16(d) make the weights it stands for
     (q >> 4) * bf16(16d) + (q & 15) * bf16(d), and rounds the activations, each half's result and
     their sum to bfloat16: each half's rounding (u_bf16 * |half|) and the dequantized weights'
@@ -146,7 +150,7 @@ def q8_0_operands(product: Product, x: torch.Tensor, w: torch.Tensor):
     groups = lambda t: t.double().repeat_interleave(32, 1)
     if product is OWN:
         wq = q.double() * groups(d)
-        step = (x.reshape(x.shape[0], -1, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double()
+        step = (x.reshape(x.shape[0], -1, 32).abs().amax(-1) / (2 * q8_0_top())).repeat_interleave(32, 1).double()
         return x.double(), wq, wq, 0.0, step @ wq.abs().T
     qi = q.to(torch.int32)
     hi = (qi >> 4).double() * groups(rounded_to(16 * d, torch.bfloat16))
@@ -268,8 +272,8 @@ def test_packed_q4_1_multiplies_by_the_dequantized_weights():
 @NO_Q4_KERNEL
 def test_the_q4_1_kernel_computes_the_q4_1_weights(kernel_path):
     """q4_matmul: the activations times w = d*q + m (q exact, d and m fp16 as in the GGUF file), to
-    fp32 rounding, with the activations rounded as the kernel rounds them: to bfloat16 (AVX-512
-    BF16), or to 16-bit integers per group of 32, at most 2^-16 of the group's largest (AVX2)."""
+    fp32 rounding, with the activations rounded as the kernel rounds them: to 8-bit integers per
+    group of 32, at most 1/254 of the group's largest off (AVX-512 VNNI and AVX2 alike)."""
     g = torch.Generator().manual_seed(3)
     q, d, m = quantize_q4_1(torch.randn(64, 96, generator=g))
     x = torch.randn(5, 96, generator=g)
@@ -280,19 +284,28 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights(kernel_path):
     # fp32 roundings of the per-group sums, the scale by d and the add of m * sum(x): gamma_{n+2}
     # with |d*q| + |m| per weight (tests/bounds.py), whatever order or vector width sums them
     wabs = q.double() * groups(d) + groups(m).abs()
-    if q4_kernel_isa() == "avx512bf16":
-        ref = x.to(torch.bfloat16).double() @ w.T
-        assert ((layer(x).double() - ref).abs() <= fp32_dot_bound(x.to(torch.bfloat16), wabs, extra_roundings=2)).all()
-    else:
-        ref = x.double() @ w.T
-        bound = (x.reshape(5, 3, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double() @ w.abs().T
-        assert ((layer(x).double() - ref).abs() <= bound + fp32_dot_bound(x, wabs, extra_roundings=2)).all()
-        assert (layer(x).double() - ref).abs().max().item() > 0      # rounded, not exact
+    ref = x.double() @ w.T
+    bound = (x.reshape(5, 3, 32).abs().amax(-1) / (2 * INT8_MAX)).repeat_interleave(32, 1).double() @ w.abs().T
+    assert ((layer(x).double() - ref).abs() <= bound + fp32_dot_bound(x, wabs, extra_roundings=2)).all()
+    assert (layer(x).double() - ref).abs().max().item() > 0      # rounded, not exact
+    # and exactly llama.cpp's arithmetic: per group, the exact integer sum of the rounded
+    # activations times q, then (d * s) * S + y and (s * sum of xi) * m + that, in fp32
+    xg = x.reshape(5, 3, 32)
+    s = xg.abs().amax(-1) / INT8_MAX                                             # (5, 3) fp32
+    xi = torch.round(xg * (INT8_MAX / xg.abs().amax(-1, keepdim=True))).clamp(-INT8_MAX, INT8_MAX)
+    S = torch.einsum("rgk,ngk->rng", xi.double(), q.reshape(64, 3, 32).double())  # exact integers
+    x_sum = (s * xi.sum(-1)).float()                                             # (5, 3)
+    dh, mh = d.half().float(), m.half().float()                                  # (64, 3)
+    y = torch.zeros(5, 64)
+    for g in range(3):
+        acc = ((dh[:, g] * s[:, g:g + 1]).double() * S[:, :, g] + y.double()).float()         # one FMA
+        y = (mh[:, g].double() * x_sum[:, g:g + 1].double() + acc.double()).float()          # one FMA
+    assert torch.equal(layer(x), y)
 
 
 def test_each_q4_1_layout_puts_every_q_where_its_kernel_reads_it():
-    """pack_q4_1_native, read back by the rule its docstring states for each instruction set (the
-    AVX-512 one is checked here too, where its kernel cannot run): every q at its place, once."""
+    """pack_q4_1_native, read back by the rule its docstring states (one layout for both instruction
+    sets): every q at its place, once."""
     g = torch.Generator().manual_seed(5)
     N, K = 32, 64
     q = torch.randint(0, 16, (N, K), generator=g)
@@ -300,17 +313,13 @@ def test_each_q4_1_layout_puts_every_q_where_its_kernel_reads_it():
     n = torch.arange(N)[:, None].expand(N, K)
     k = torch.arange(K)[None, :].expand(N, K)
     panel, col = n // 16, n % 16
-    for isa in ("avx2", "avx512bf16"):
+    for isa in ("avx2", "avx512vnni"):
         nibbles, dm = pack_q4_1_native(q, d, m, isa=isa)
         assert nibbles.shape == (N // 16, K // 4, 32) and nibbles.dtype == torch.uint8
         flat = nibbles.view(N // 16, -1).long()
-        if isa == "avx2":   # octet k // 8, half col // 8, a 32-bit lane per column; k % 2 picks the 16-bit half
-            j = (k % 8) // 2
-            byte = (k // 8) * 64 + (col // 8) * 32 + (col % 8) * 4 + 2 * (k % 2) + j // 2
-            shift = 4 * (j % 2)
-        else:               # unit k // 4, byte 2 * col + k % 2, the high nibble for k % 4 >= 2
-            byte = (k // 4) * 32 + 2 * col + k % 2
-            shift = 4 * ((k % 4) // 2)
+        # octet k // 8, byte 4 * col + k % 4, the high nibble for k % 8 >= 4
+        byte = (k // 8) * 64 + 4 * col + k % 4
+        shift = 4 * ((k % 8) // 4)
         assert torch.equal((flat[panel, byte] >> shift) & 15, q), isa
         assert len(set((panel * 10**6 + byte * 8 + shift).flatten().tolist())) == N * K   # no place twice
         assert torch.equal(dm[panel, k // 32, 0, col].float(), d.half().float()[n, k // 32])
@@ -344,8 +353,8 @@ def test_the_q8_0_kernel_is_built_where_the_q4_1_kernel_uses_avx2():
 
 @pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
 def test_q8_0_multiplies_by_the_dequantized_weights(product, kernel_path):
-    """The kernel: the activations, rounded to 16-bit integers per group of 32 (at most 2^-16 of
-    the group's largest off), times w = d*q, to fp32 rounding. The fallback (two 4-bit products,
+    """The kernel: the activations, rounded per group of 32 to 8-bit (AVX-512 VNNI) or 16-bit
+    integers (AVX2), at most half a step (q8_0_top) off, times w = d*q, to fp32 rounding. The fallback (two 4-bit products,
     16d*hi + d*lo, PyTorch's int4 kernel) rounds the activations and its output to bfloat16."""
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(256, 96, generator=g)
@@ -358,7 +367,7 @@ def test_q8_0_multiplies_by_the_dequantized_weights(product, kernel_path):
     ref = x.double() @ w.T
     if head.prepacked:
         assert head.nbytes == 256 * 96 + 256 * 3 * 2
-        bound = (x.reshape(5, 3, 32).abs().amax(-1) / 65534).repeat_interleave(32, 1).double() @ w.abs().T
+        bound = (x.reshape(5, 3, 32).abs().amax(-1) / (2 * q8_0_top())).repeat_interleave(32, 1).double() @ w.abs().T
         # plus the fp32 roundings of the group sums and their scaling by d (tests/bounds.py)
         assert ((y - ref).abs() <= bound + fp32_dot_bound(x, w, extra_roundings=2)).all()
         assert (y - ref).abs().max().item() > 0                         # rounded, not exact
@@ -379,6 +388,31 @@ def test_q8_0_rows_are_batch_invariant(threads, product, shape, kernel_path):
     for n in range(1, 70):
         assert torch.equal(head(x[:n]), full[:n]), f"{n} rows"
         assert torch.equal(head(x[n - 1:n].clone())[0], full[n - 1]), f"row {n - 1} alone"
+
+
+def test_each_q8_0_layout_puts_every_q_where_its_kernel_reads_it():
+    """pack_q8_0_native, read back by the rule its docstring states for each instruction set: every
+    q at its place, once (the VNNI one offset by 128, an unsigned byte)."""
+    g = torch.Generator().manual_seed(7)
+    N, K = 32, 64
+    q = torch.randint(-127, 128, (N, K), generator=g).to(torch.int8)
+    d = torch.rand(N, K // 32, generator=g)
+    n = torch.arange(N)[:, None].expand(N, K)
+    k = torch.arange(K)[None, :].expand(N, K)
+    panel, col = n // 16, n % 16
+    for isa in ("avx2", "avx512vnni"):
+        qp, dp = pack_q8_0_native(q, d, isa=isa)
+        assert qp.shape == (N // 16, K // 2, 32) and qp.dtype == torch.int8
+        flat = qp.view(N // 16, -1)
+        if isa == "avx2":    # unit k // 2, byte 2 * col + k % 2
+            byte, got = (k // 2) * 32 + 2 * col + k % 2, flat.long()
+        else:                # quad k // 4, byte 4 * col + k % 4, as q + 128 unsigned
+            byte, got = (k // 4) * 64 + 4 * col + k % 4, flat.view(torch.uint8).long() - 128
+        assert torch.equal(got[panel, byte], q.long()), isa
+        assert len(set((panel * 10**6 + byte).flatten().tolist())) == N * K
+        assert torch.equal(dp[panel, k // 32, col].float(), d.half().float()[n, k // 32])
+    with pytest.raises(InvalidParameter, match="isa"):
+        pack_q8_0_native(q, d, isa="neon")
 
 
 @NO_Q8_KERNEL

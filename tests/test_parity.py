@@ -7,7 +7,7 @@ so agreement checks our loader, our model and our engine at once.
 import pytest
 import torch
 
-from bounds import OTHER_KERNELS_ERROR_RATIO, against_f64, clear_choices
+from bounds import OTHER_KERNELS_ERROR_RATIO, against_f64, clear_choices, format_roundings
 from kernel_paths import AVX2, NATIVE, PATHS, use_path
 
 from core import SamplingParams
@@ -74,7 +74,7 @@ def format_bound(logit_bounds, engine) -> float:
 
 
 # every weight format, and q4_1 once more on the AVX2 kernels where the CPU's own are AVX-512's
-# (tests/kernel_paths.py): its activations round to 16-bit integers there, not to bfloat16
+# (tests/kernel_paths.py): the same 8-bit rounding of activations, other instructions
 ENGINES = ["fp32", "bf16", "q8_0", "q4_1"] + (["q4_1-avx2"] if AVX2 in PATHS else [])
 
 
@@ -112,11 +112,20 @@ def test_engine_logits_match_transformers(engine_llm, reference_logits, logit_bo
         assert (ours - ref).abs().max().item() <= logit_bounds.fp32_pair
     # the same next token wherever the reference's choice is clear of every other logit's bound
     clear = clear_choices(ref, bound)
-    assert clear.sum() >= 16, (fmt, int(clear.sum()))
+    # a format that rounds activations to 8-bit integers per group (q4_1, and q8_0 with AVX-512
+    # VNNI: llama.cpp's rounding) has a wide bound on SmolLM2, whose massive activations (~2e4)
+    # set a group's step for its other 31 values: few choices are clear of it. Such a format is
+    # judged by its quality figures against fp32 (test_8_bit_formats_quality_figures_...)
+    assert clear.sum() >= (0 if rounds_to_8_bits(fmt) else 16), (fmt, int(clear.sum()))
     assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
     if fmt == "fp32":
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
     assert engine.view.kv_stats()["free_blocks"] == engine.view.kv_stats()["total_blocks"]
+
+
+def rounds_to_8_bits(fmt: str) -> bool:
+    """Whether weight format `fmt` rounds activations to 8-bit integers on the kernel path in use."""
+    return fmt != "fp32" and format_roundings(fmt, q4_kernel_isa())[1] == "int8"
 
 
 def margin(logits: torch.Tensor) -> torch.Tensor:
@@ -169,3 +178,25 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, hf_g
         else:
             assert len(expected) == 48 and out.finish_reason == "length"
     assert max(len(out.token_ids) for out in ours) == 48  # at least one ran the whole length
+
+
+def test_8_bit_formats_quality_figures_are_within_what_their_roundings_allow(engine_llm, logit_bounds):
+    """q4_1 (and q8_0 where it rounds activations to 8 bits too: AVX-512 VNNI) is judged by its
+    quality figures against fp32 (bench/quality.py, the `quantization` widget:
+    app/lab/formats.compare): here on the reference prompt, against our fp32 logits. Its per-logit
+    parity bound is wide (a logit's error is mostly a shift that all logits share, which the
+    softmax ignores), so the figures are bounded directly: REDRAWS float32 runs of the network with
+    the format's roundings redrawn (tests/bounds.py: LogitBounds.quality_bounds, the probabilistic
+    model of rounding) give the top-5 agreement and KL the engine's one draw may show. The runs
+    keep the LM head exact, where the engine's Q8_0 head rounds its input too (its top 64
+    candidates recomputed exactly): that moves only logits outside the top 64, whose probabilities
+    are too small to move the mean KL at the bound's scale."""
+    engine = engine_llm.engine
+    fmt = engine.config.weight_format.value
+    if not rounds_to_8_bits(fmt):
+        pytest.skip(f"{fmt} rounds no activations to 8 bits here: the parity test's greedy checks judge it")
+    from app.lab.formats import compare
+    stats = compare(paged_logits(engine, logit_bounds.ids), logit_bounds.fp32)
+    lowest_top5, highest_kl = logit_bounds.quality_bounds(fmt, q4_kernel_isa())
+    assert stats["top5_agreement"] >= lowest_top5, (fmt, stats["top5_agreement"], lowest_top5)
+    assert 0 < stats["kl"] <= highest_kl, (fmt, stats["kl"], highest_kl)

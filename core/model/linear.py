@@ -29,21 +29,21 @@ every format bit for bit, alone against batched, with one and two threads.
   the MoE router).
 - q4_1: the GGUF file's own 4-bit weights (llama.cpp's Q4_1: groups of 32 weights, w = d*q + m,
   q in 0..15, d and m in fp16). A quarter of bf16's bytes (plus d and m per 32 weights): the
-  fastest format for decode. Where the CPU has AVX-512 BF16 or AVX2, the engine's own kernel
-  (csrc/q4_matmul.cpp) multiplies them: per group, the activations times q (exact), then
-  d * that + m * the group's sum of activations, accumulated in fp32. With AVX-512 BF16 the
-  activations are rounded to bfloat16 and summed in bfloat16-pair dot products; with AVX2 they are
-  rounded to 16-bit integers per group of 32 (at most 2^-16 of the group's largest off) and summed
-  exactly in 32-bit integers (VPMADDWD). The widget `gemm` measures it against PyTorch's int4
-  kernel.
+  fastest format for decode. Where the CPU has AVX-512 VNNI or AVX2, the engine's own kernel
+  (csrc/q4_matmul.cpp) multiplies them as llama.cpp does: each row of activations rounded to
+  8-bit integers per group of 32 (at most 1/254 of the group's largest off), per group the exact
+  integer sum of those times q (VPDPBUSD with VNNI, VPMADDUBSW with AVX2: the same bits), then
+  d * s * that + m * the group's sum of activations, accumulated in fp32. The widget `gemm`
+  measures it against PyTorch's int4 kernel.
   Elsewhere, PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, written for torchao's
   weight-only quantization) computes w = (q - 8) * scale + zero with scale = d and
   zero = m + 8d in bfloat16. Both are row-independent by construction: each output is one fixed
   chain of operations over k, whatever the number of rows or threads, so neither pads.
 - q8_0: llama.cpp's Q8_0 (groups of 32 weights, w = d*q, q in -127..127, d in fp16), quantized
   at load from the fp32 weights: a byte a weight plus 2 bytes per 32, a little over half of
-  bf16's. The engine's kernel (csrc/q8_matmul.cpp, AVX2) rounds each row of activations to 16-bit
-  integers per group of 32 and sums exactly in 32-bit integers; elsewhere two 4-bit products on
+  bf16's. The engine's kernel (csrc/q8_matmul.cpp) rounds each row of activations per group of
+  32, to 8-bit integers with AVX-512 VNNI (llama.cpp's rounding, VPDPBUSD) and to 16-bit integers
+  with AVX2 (VPMADDWD), and sums exactly in 32-bit integers; elsewhere two 4-bit products on
   PyTorch's int4 kernel (PackedQ8_0). Row-independent by construction, like q4_1. The same
   format is q4_1's LM head (the GGUF file keeps the embedding in Q8_0).
 """
@@ -157,14 +157,14 @@ def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def q4_kernel():
     """The engine's own Q4_1 product (csrc/q4_matmul.cpp) where it is built and the CPU has
-    AVX-512 BF16 or AVX2 (q4_kernel_isa() says which), else None."""
+    AVX-512 VNNI or AVX2 (q4_kernel_isa() says which), else None."""
     ext = loader.extension()
     return ext if ext is not None and ext.q4_matmul_isa() else None
 
 
 def q4_kernel_isa() -> str:
-    """"avx512bf16" (the activations rounded to bfloat16), "avx2" (rounded to 16-bit integers per
-    group of 32), or "" where the engine's Q4_1 kernel does not run here."""
+    """"avx512vnni" or "avx2" (either way the activations rounded to 8-bit integers per group of
+    32, the same bits), or "" where the engine's Q4_1 kernel does not run here."""
     ext = q4_kernel()
     return ext.q4_matmul_isa() if ext is not None else ""
 
@@ -172,22 +172,18 @@ def q4_kernel_isa() -> str:
 def pack_q4_1_native(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
                      isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_1 blocks (q (out, in) in 0..15, d and m (out, in/32)) -> the layout q4_matmul reads for
-    `isa` (q4_kernel_isa()'s, by default), per panel of 16 output columns: nibbles (out/16, in/4, 32)
-    uint8 and dm (out/16, in/32, 2, 16) fp16, each group's d, then m.
-    - avx512bf16, in units of 4 k: byte b of unit u holds column b/2's q at k = 4u + b%2 (low
-      nibble) and at k = 4u + 2 + b%2 (high nibble): the pairs VDPBF16PS reads.
-    - avx2, in octets of 8 k, 32 bytes for each 8 columns: column c's 32-bit lane holds its q at
-      k = 8o + 2j in bits 4j..4j+3 and at k = 8o + 2j + 1 in bits 16+4j..19+4j (j = 0..3), so a
-      shift and a mask give the 16-bit pairs VPMADDWD reads."""
+    `isa` (q4_kernel_isa()'s, by default; "avx512vnni" and "avx2" read the same layout), per panel
+    of 16 output columns: nibbles (out/16, in/4, 32) uint8 and dm (out/16, in/32, 2, 16) fp16, each
+    group's d, then m. The nibbles come in octets of 8 k, 64 bytes each: byte 4c + j holds column
+    c's q at k = 8o + j (low nibble) and at k = 8o + 4 + j (high nibble), so a mask and a shift
+    give the quads of 4 k per column that VPDPBUSD (and VPMADDUBSW, a 32-byte half at a time) read."""
     N, K = q.shape
     isa = q4_kernel_isa() if isa is None else isa
-    if isa not in ("avx2", "avx512bf16"):
-        raise InvalidParameter("isa", f"the Q4_1 kernel has layouts for 'avx2' and 'avx512bf16', not {isa!r}")
+    if isa not in ("avx2", "avx512vnni"):
+        raise InvalidParameter("isa", f"the Q4_1 kernel has a layout for 'avx2' and 'avx512vnni', not {isa!r}")
     q = q.to(torch.uint8)
-    if isa == "avx2":  # (panel, half, column, octet, j // 2, j % 2, k % 2) -> k % 2, j // 2 pick the byte
-        t = q.view(N // 16, 2, 8, K // 8, 2, 2, 2).permute(0, 3, 1, 2, 6, 4, 5).reshape(N // 16, K // 4, 32, 2)
-    else:              # (panel, column, unit, k % 4 // 2, k % 2) -> 2 * column + k % 2 picks the byte
-        t = q.view(N // 16, 16, K // 4, 2, 2).permute(0, 2, 1, 4, 3).reshape(N // 16, K // 4, 32, 2)
+    # (panel, column, octet, high, j) -> (panel, octet, column, j, high): byte 4c + j of each octet
+    t = q.view(N // 16, 16, K // 8, 2, 4).permute(0, 2, 1, 4, 3).reshape(N // 16, K // 4, 32, 2)
     nibbles = (t[..., 0] | (t[..., 1] << 4)).contiguous()            # the last axis: low, high nibble
     dm = torch.stack([v.view(N // 16, 16, K // Q4_GROUP).transpose(1, 2) for v in (d, m)], dim=2)
     return nibbles, dm.half().contiguous()
@@ -214,13 +210,23 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(V, C).to(torch.int8), d
 
 
-def pack_q8_0_native(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_0 blocks -> the layout q8_matmul reads, per panel of 16 output columns: q (out/16, in/2,
-    32) int8, byte b of unit u holding column b/2's q at k = 2u + b%2, and d (out/16, in/32, 16)
-    fp16."""
+def pack_q8_0_native(q: torch.Tensor, d: torch.Tensor, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 blocks -> the layout q8_matmul reads for `isa` (q4_kernel_isa()'s, by default: the Q8_0
+    kernel is built with the same instructions), per panel of 16 output columns: q (out/16, in/2,
+    32) int8 and d (out/16, in/32, 16) fp16.
+    - avx2: byte b of unit u holds column b/2's q at k = 2u + b%2 (the pairs VPMADDWD reads);
+    - avx512vnni: in quads of 4 k, 64 bytes each, byte 4c + j holds column c's q + 128 (an unsigned
+      byte, as VPDPBUSD reads it) at k = 4u + j."""
     N, K = q.shape
-    qp = q.view(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).reshape(N // 16, K // 2, 32).contiguous()
-    return qp, d.view(N // 16, 16, K // Q4_GROUP).transpose(1, 2).half().contiguous()
+    isa = q4_kernel_isa() if isa is None else isa
+    if isa not in ("avx2", "avx512vnni"):
+        raise InvalidParameter("isa", f"the Q8_0 kernel has layouts for 'avx2' and 'avx512vnni', not {isa!r}")
+    if isa == "avx2":
+        qp = q.view(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3)
+    else:                # (panel, column, quad, j) -> (panel, quad, column, j), offset to unsigned
+        qp = (q.to(torch.int16) + 128).to(torch.uint8).view(torch.int8).view(N // 16, 16, K // 4, 4).permute(0, 2, 1, 3)
+    return (qp.reshape(N // 16, K // 2, 32).contiguous(),
+            d.view(N // 16, 16, K // Q4_GROUP).transpose(1, 2).half().contiguous())
 
 
 class PackedQ8_0:

@@ -1,12 +1,13 @@
 """Widget `batching` (section 14): for the same workload and the same greedy tokens, continuous
 batching takes fewer steps and leaves fewer idle slots than static batching; the grid is the
-engine's own trace; the tokens match transformers' greedy decoding."""
+engine's own trace; the tokens are the serving engine's own greedy tokens, and transformers' where
+its choice is clear of the weight format's bound."""
 
 import pytest
-import torch
 
 from bounds import U64, decimal_half, gamma
 from conftest import figure_value, shoot_widget, wait_ready
+from greedy_steps import check_engine_is_the_model
 
 BT = '[data-widget="batching"]'
 WORKLOAD = [[12, 4], [40, 16], [8, 8], [24, 2], [16, 12], [30, 6]]
@@ -93,18 +94,20 @@ def test_one_slot_makes_both_the_same(ws):
 
 
 @pytest.mark.real_model
-def test_tokens_are_transformers_greedy_tokens(real_ws, hf_reference, smollm_loaded):
+def test_tokens_are_the_engines_and_the_models(real_ws, hf_reference, logit_bounds, smollm_served, smollm,
+                                               smollm_loaded):
+    """Static and continuous give the same tokens (exact), the serving engine's own greedy tokens
+    (exact), and transformers' wherever its choice is clear of the format's bound; our engine in
+    fp32 gives transformers' on the same prompts (tests/greedy_steps.py)."""
     from app.widgets.batching import prompt_ids
     hf_model, _ = hf_reference
     workload = [[12, 6], [20, 3], [9, 5]]
     r = run_job(real_ws, requests=workload, slots=2, run=1)
     assert r["type"] == "batching", r
     check_reply(r, workload, 2)
-    for ids, (_, out), q in zip(prompt_ids(smollm_loaded.tokenizer, workload), workload, r["continuous"]["requests"]):
-        with torch.no_grad():
-            ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=out, do_sample=False,
-                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
-        assert q["token_ids"] == ref
+    tokens = [q["token_ids"] for q in r["continuous"]["requests"]]
+    check_engine_is_the_model(hf_model, logit_bounds, smollm_served, smollm,
+                              prompt_ids(smollm_loaded.tokenizer, workload), tokens)
 
 
 @pytest.mark.browser

@@ -3,13 +3,13 @@ the real model (probabilities, greedy steps), KV blocks given back, and the step
 
 import math
 import urllib.parse
-import warnings
 
 import pytest
 import torch
 
 from bounds import U32, softmax_sum_bound
 from conftest import figure_value, get_json, healthz, shoot_widget, wait_for, wait_ready
+from greedy_steps import check_engine_is_the_model
 
 GEN = '[data-widget="generation"]'
 PROMPT = "The capital of France is"
@@ -114,29 +114,20 @@ def test_bad_next_token_messages_name_the_field(ws, fields, param):
 
 # ---- the real model: parity with transformers ----------------------------------------------------
 
-def hf_greedy(model, ids, n):
-    with warnings.catch_warnings(), torch.inference_mode():
-        warnings.simplefilter("ignore")  # transformers' notes about generation settings are not ours
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
-# The largest logit difference from transformers fp32 per weight format (tests/test_parity.py
-# holds the engine to these on a 64-token prompt).
-LOGIT_BOUND = {"fp32": 2e-3, "bf16": 0.5, "q4_1": 0.5}
-
-
 @pytest.mark.real_model
-def test_next_token_is_the_serving_engines_and_near_transformers(real_ws, hf_reference, smollm_served, server):
+def test_next_token_is_the_serving_engines_and_near_transformers(real_ws, hf_reference, logit_bounds, smollm_served,
+                                                                 smollm, server):
     """The widget's numbers are the serving engine's own (the same computation in-process, to the
-    rounding of the reply), and within the weight format's bound of transformers fp32; greedy
-    steps give transformers' greedy tokens wherever its choice is clear by more than that bound."""
+    rounding of the reply), and within the weight format's derived bound of transformers fp32
+    (tests/bounds.py: LogitBounds.bound); greedy steps are the serving engine's own greedy tokens,
+    and transformers' wherever its choice is clear of twice that bound (tests/greedy_steps.py)."""
     from core import SamplingParams
+    from core.model.linear import q4_kernel_isa
 
     fmt = real_ws.hello["weight_format"]
-    assert fmt == smollm_served.engine.config.weight_format.value == "q4_1", "the server serves q4_1"
-    bound = LOGIT_BOUND[fmt]
+    config = smollm_served.engine.config
+    assert fmt == config.weight_format.value == "q4_1", "the server serves q4_1"
+    bound = logit_bounds.bound(fmt, q4_kernel_isa(), config.lm_head_candidates)
     model, tokenizer = hf_reference
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
     with torch.inference_mode():
@@ -150,20 +141,14 @@ def test_next_token_is_the_serving_engines_and_near_transformers(real_ws, hf_ref
     assert [c["id"] for c in r["candidates"]] == [c.token_id for c in expected]
     for c, e in zip(r["candidates"], expected):
         assert c["prob"] == e.prob and c["logit"] == round(e.logit, 5), (c, e)
-        assert abs(c["logit"] - float(logits[c["id"]])) < bound, (fmt, c)
+        assert abs(c["logit"] - float(logits[c["id"]])) < bound, (fmt, c, bound)
 
-    greedy = hf_greedy(model, ids, 3)
     tokens, kv = [], []
     for _ in range(3):
         step = real_ws.call("next_token", prompt=PROMPT, tokens=tokens, top=5)
-        with torch.inference_mode():
-            ref = model(torch.tensor([ids + tokens])).logits[0, -1]
-        top2 = ref.topk(2).values
-        if top2[0] - top2[1] > 2 * bound:                                # a clear choice: ours is the same
-            assert step["chosen"]["id"] == int(ref.argmax()), (fmt, tokens)
         tokens.append(step["chosen"]["id"])
         kv.append(step["kv_cache_tokens"])
-    assert tokens == greedy, "three greedy steps give transformers' first three greedy tokens on this prompt"
+    check_engine_is_the_model(model, logit_bounds, smollm_served, smollm, [ids], [tokens])
     assert kv == [len(ids), len(ids) + 1, len(ids) + 2]
     kv_pool = get_json(server.base + "/healthz")["kv"]
     assert kv_pool["free_blocks"] == kv_pool["total_blocks"], "every KV block came back"

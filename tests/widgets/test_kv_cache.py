@@ -5,9 +5,8 @@ own step records must be the triangle N P + N (N - 1) / 2 without the cache and 
 """
 
 import pytest
-import torch
-
 from conftest import drain, figure_value, on_a_phone, shoot_widget, wait_ready
+from greedy_steps import check_engine_is_the_model
 
 KV = '[data-widget="kv-cache"]'
 PROMPT = "The capital of France is"
@@ -87,7 +86,11 @@ def test_with_and_without_the_cache_give_the_same_tokens_tiny(ws):
 
 
 @pytest.mark.real_model
-def test_with_and_without_the_cache_give_transformers_greedy_tokens(real_ws, hf_reference):
+def test_with_and_without_the_cache_give_the_engines_and_the_models_tokens(real_ws, hf_reference, logit_bounds,
+                                                                         smollm_served, smollm):
+    """The same tokens both ways (exact), the serving engine's own greedy tokens (exact), and
+    transformers' wherever its choice is clear of the format's bound; our engine in fp32 gives
+    transformers' on the same prompt (tests/greedy_steps.py)."""
     hf_model, hf_tok = hf_reference
     N = 8
     r = real_ws.job("kv_cache", text=PROMPT, max_tokens=N)
@@ -96,12 +99,7 @@ def test_with_and_without_the_cache_give_transformers_greedy_tokens(real_ws, hf_
     assert ids == hf_tok(PROMPT, add_special_tokens=False)["input_ids"]
     check_counts(r, len(ids), N)
     assert r["with_cache"]["token_ids"] == r["without_cache"]["token_ids"] and r["same"] is True
-    # the reference: transformers' own greedy decoding, a full forward per token (no cache)
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(N):
-            seq.append(int(hf_model(torch.tensor([seq])).logits[0, -1].argmax()))
-    assert r["with_cache"]["token_ids"] == seq[len(ids):]
+    check_engine_is_the_model(hf_model, logit_bounds, smollm_served, smollm, [ids], [r["with_cache"]["token_ids"]])
 
 
 @pytest.mark.browser

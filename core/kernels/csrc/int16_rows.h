@@ -1,5 +1,6 @@
 // Activations rounded to 16-bit integers per group of 32, for the integer products (VPMADDWD) of
-// the AVX2 Q4_1 kernel (q4_avx2.h) and the Q8_0 kernel (q8_matmul.cpp): x ~ s * xi with
+// the AVX2 Q8_0 kernel (q8_matmul.cpp; the Q4_1 kernels and the VNNI Q8_0 one take 8-bit
+// integers, int8_rows.h): x ~ s * xi with
 // s = the group's largest |x| / 32767, an error of at most 2^-16 of that (finer than bfloat16's
 // rounding of every value). Each row is rounded on its own, so a row's integers never depend on
 // the batch.

@@ -50,8 +50,8 @@ bool f32_matmul_available();
 // w (N/16, K, 16) float or bfloat16 -> (M, N) float.
 at::Tensor f32_matmul(const at::Tensor& x, const at::Tensor& w);
 
-// The instruction set q4_matmul is built for here: "avx512bf16" (x rounded to bfloat16), "avx2"
-// (x rounded to 16-bit integers per group of 32), or "" where the CPU has neither (then
+// The instruction set q4_matmul is built for here: "avx512vnni" or "avx2" (either way x rounded to
+// 8-bit integers per group of 32, the same bits), or "" where the CPU has neither (then
 // q4_matmul refuses to run).
 std::string q4_matmul_isa();
 

@@ -1,9 +1,11 @@
 // The Q4_1 product's inner loops for AVX2 (q4_matmul.cpp has the layout and the driver), where the
-// CPU lacks AVX-512 BF16. Each row of x is rounded once to 16-bit integers per group of 32
-// (x ~ s * xi, s = the group's largest |x| / 32767: an error of at most 2^-16 of that, finer than
-// bfloat16's rounding of every value); then per group and column, in integers and so exactly in
-// any order, S = sum over k of xi[k] * q[k] (VPMADDWD pairs, at most 32 * 32767 * 15 < 2^24, so
-// also exact as a float), and y = (s * sum of xi) * m + ((d * s) * S + y) in fp32.
+// CPU lacks AVX-512 VNNI. Each row of x is rounded once to 8-bit integers per group of 32
+// (int8_rows.h: x ~ s * xi, s = the group's largest |x| / 127), as llama.cpp does; VPMADDUBSW
+// multiplies pairs of unsigned nibbles q by signed xi into 16-bit sums (each at most
+// 2 * 15 * 127 = 3,810, so no saturation), eight of them add up in 16 bits per group (at most
+// 30,480 < 2^15: exact), and VPMADDWD by ones widens each column's pairs to its 32-bit S: per group
+// and column S = sum over k of xi[k] * q[k], an exact integer, the same in any order; then
+// y = (s * sum of xi) * m + ((d * s) * S + y) in fp32, as q4_avx512.h does lane for lane.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,36 +20,41 @@
 #include <cstdint>
 #include <vector>
 
-#include "int16_rows.h"
+#include "int8_rows.h"
 
 namespace sendlens::q4 {
 
 constexpr const char* ISA = "avx2";
-using Expanded = __m256i;          // an expanded panel: K of these (k pairs; columns 0-7, 8-15)
+using Expanded = __m256i;          // an expanded panel: K/2 of these (per octet and half: low, high quads)
 constexpr int64_t MAX_ROWS = 4;    // rows of a tile: 8 sums and the weights in registers
 constexpr int PANELS_ONE_ROW = 2;  // panels a tile of one row takes at once (a decode step)
 constexpr int PANELS_TWO_ROWS = 1; // and of two rows (more would spill registers)
 
-inline int64_t expanded_size(int64_t K) { return K; }
+inline int64_t expanded_size(int64_t K) { return K / 2; }
 
-// The activations as the tiles read them: rounded to 16-bit integers per group (int16_rows.h).
-using Rows = Int16Rows;
-inline Rows prepare(const at::Tensor& x) { return round_to_int16(x); }
+// The activations as the tiles read them: rounded to 8-bit integers per group (int8_rows.h).
+using Rows = Int8Rows;
+inline Rows prepare(const at::Tensor& x) { return round_to_int8(x); }
 
-// Octet o of a panel (k = 8o .. 8o + 7), half h (columns 8h .. 8h + 7): 32 bytes, a 32-bit lane
-// per column holding its q at k = 8o + 2j in bits 4j .. 4j + 3 and at k = 8o + 2j + 1 in bits
-// 16 + 4j .. 16 + 4j + 3 (j = 0 .. 3). Shifting the lanes by 4j and masking each 16-bit half to its
-// low nibble gives pair j as the two 16-bit integers VPMADDWD multiplies: a shift and an AND per
-// pair, where widening bytes to words (the layout before) went through the shuffle unit. The sums
-// are exact integers either way, so the same bits; a one-row product with its weights in cache
-// runs 1.6x as fast (a decode step's come from memory, and there it is no faster).
-inline void octet(const uint8_t* nib, int64_t o, int h, __m256i q[4]) {
-  const __m256i low = _mm256_set1_epi32(0x000F000F);
+// Octet o of a panel (k = 8o .. 8o + 7), half h (columns 8h .. 8h + 7): 32 bytes, byte 4c + j
+// holding column 8h + c's q at k = 8o + j (low nibble) and at k = 8o + 4 + j (high nibble)
+// (q4_avx512.h's layout, read a half at a time). A mask gives the quads at k = 8o .. 8o + 3 (lo),
+// a shift and a mask those at 8o + 4 .. 8o + 7 (hi), as VPMADDUBSW reads them.
+inline void octet(const uint8_t* nib, int64_t o, int h, __m256i& lo, __m256i& hi) {
+  const __m256i low = _mm256_set1_epi8(15);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nib + o * 64 + h * 32));
-  q[0] = _mm256_and_si256(v, low);
-  q[1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), low);
-  q[2] = _mm256_and_si256(_mm256_srli_epi32(v, 8), low);
-  q[3] = _mm256_and_si256(_mm256_srli_epi32(v, 12), low);
+  lo = _mm256_and_si256(v, low);
+  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+}
+
+inline __m256i quad_of(const int8_t* row, int64_t k) { return _mm256_set1_epi32(int8_quad(row, k)); }
+
+// A group's 16-bit pair sums of one column half -> its 8 columns' S as 32-bit integers.
+inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// lo, hi times the quads at k and k + 4, added to the 16-bit sums.
+inline __m256i add_octet(__m256i sums, __m256i lo, __m256i hi, __m256i x_lo, __m256i x_hi) {
+  return _mm256_add_epi16(sums, _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi)));
 }
 
 // Group g's d and m for columns 8h .. 8h + 7, as fp32.
@@ -90,52 +97,43 @@ inline void prefetch_group(const uint8_t* nib, const at::Half* dm, int64_t K, in
 template <int R, int NP>
 void tile(const Rows& a, int64_t r0, const uint8_t* nib, const at::Half* dm, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32;
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
   zero(y, ldy, R, 16 * NP);
   for (int64_t g = 0; g < K32; ++g) {
-    __m256i S[R][NP][2];
+    __m256i S[R][NP][2];  // 16-bit pair sums
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < NP; ++c) S[r][c][0] = S[r][c][1] = _mm256_setzero_si256();
     prefetch_group(nib + NP * (K / 4) * 32, dm + NP * K32 * 32, K, g, NP);  // the next tile's
     for (int64_t o = g * 4; o < g * 4 + 4; ++o) {
       for (int c = 0; c < NP; ++c)
         for (int h = 0; h < 2; ++h) {
-          __m256i q[4];
-          octet(nib + c * (K / 4) * 32, o, h, q);
-          for (int r = 0; r < R; ++r) {
-            const int16_t* x = a.row(r0 + r) + 8 * o;
-            const __m256i s01 = _mm256_add_epi32(_mm256_madd_epi16(q[0], int16_pair(x, 0)),
-                                                 _mm256_madd_epi16(q[1], int16_pair(x, 2)));
-            const __m256i s23 = _mm256_add_epi32(_mm256_madd_epi16(q[2], int16_pair(x, 4)),
-                                                 _mm256_madd_epi16(q[3], int16_pair(x, 6)));
-            S[r][c][h] = _mm256_add_epi32(S[r][c][h], _mm256_add_epi32(s01, s23));
-          }
+          __m256i lo, hi;
+          octet(nib + c * (K / 4) * 32, o, h, lo, hi);
+          for (int r = 0; r < R; ++r)
+            S[r][c][h] = add_octet(S[r][c][h], lo, hi, quad_of(x[r], 8 * o), quad_of(x[r], 8 * o + 4));
         }
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < NP; ++c)
         for (int h = 0; h < 2; ++h)
-          close_group(y + r * ldy + c * 16 + 8 * h, S[r][c][h], group_scales(dm + c * K32 * 32, g, h),
+          close_group(y + r * ldy + c * 16 + 8 * h, widen(S[r][c][h]), group_scales(dm + c * K32 * 32, g, h),
                       a.scale[(r0 + r) * K32 + g], a.sum[(r0 + r) * K32 + g]);
   }
 }
 
-// A panel's q as 16-bit pairs, once, for every tile of rows that follows.
+// A panel's q as unsigned bytes, once, for every tile of rows that follows.
 inline void expand(const uint8_t* nib, int64_t K, Expanded* buffer) {
   for (int64_t o = 0; o < K / 8; ++o)
-    for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      octet(nib, o, h, q);
-      for (int j = 0; j < 4; ++j) buffer[2 * (4 * o + j) + h] = q[j];  // pair 4o + j: k = 8o + 2j, + 1
-    }
+    for (int h = 0; h < 2; ++h) octet(nib, o, h, buffer[4 * o + 2 * h], buffer[4 * o + 2 * h + 1]);
 }
 
 // R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R, 1>. The rows'
-// pointers and each group's d and m are read once, not once per row: the many-row products
-// (a batch of decodes, a prompt) ran 1.2x faster for it, the same bits.
+// pointers and each group's d and m are read once, not once per row.
 template <int R>
 void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half* dm, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32;
-  const int16_t* x[R];
+  const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
   const float* scale = a.scale.data() + r0 * K32;  // (R, K32)
   const float* sum = a.sum.data() + r0 * K32;
@@ -143,17 +141,18 @@ void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half
   for (int64_t g = 0; g < K32; ++g) {
     __m256i S[R][2];
     for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
-    const Expanded* w = buffer + g * 32;  // the group's 16 k pairs, two halves each
-    for (int64_t p = 0; p < 16; ++p)
+    for (int64_t o = g * 4; o < g * 4 + 4; ++o) {
+      const Expanded* w = buffer + 4 * o;  // half 0's low and high quads, then half 1's
       for (int r = 0; r < R; ++r) {
-        const __m256i xp = int16_pair(x[r], g * 32 + 2 * p);
-        S[r][0] = _mm256_add_epi32(S[r][0], _mm256_madd_epi16(w[2 * p], xp));
-        S[r][1] = _mm256_add_epi32(S[r][1], _mm256_madd_epi16(w[2 * p + 1], xp));
+        const __m256i x_lo = quad_of(x[r], 8 * o), x_hi = quad_of(x[r], 8 * o + 4);
+        S[r][0] = add_octet(S[r][0], w[0], w[1], x_lo, x_hi);
+        S[r][1] = add_octet(S[r][1], w[2], w[3], x_lo, x_hi);
       }
+    }
     const GroupScales group[2] = {group_scales(dm, g, 0), group_scales(dm, g, 1)};
     for (int r = 0; r < R; ++r)
       for (int h = 0; h < 2; ++h)
-        close_group(y + r * ldy + 8 * h, S[r][h], group[h], scale[r * K32 + g], sum[r * K32 + g]);
+        close_group(y + r * ldy + 8 * h, widen(S[r][h]), group[h], scale[r * K32 + g], sum[r * K32 + g]);
   }
 }
 

@@ -1,7 +1,11 @@
-// The Q4_1 product's inner loops for AVX-512 BF16 (q4_matmul.cpp has the layout and the driver).
-// x is rounded to bfloat16 (as PyTorch's int4 kernel rounds it); a nibble becomes its bfloat16
-// value, exactly, by one table lookup (VPERMW); per group of 32 k, VDPBF16PS sums bfloat16 pairs
-// (products exact, fp32 sums): S = sum of x[k] * q[k], then acc = m * sum(x) + (d * S + acc).
+// The Q4_1 product's inner loops for AVX-512 VNNI (q4_matmul.cpp has the layout and the driver).
+// Each row of x is rounded once to 8-bit integers per group of 32 (int8_rows.h: x ~ s * xi,
+// s = the group's largest |x| / 127), as llama.cpp does; VPDPBUSD multiplies four unsigned nibbles
+// q by four signed xi and adds them to a 32-bit lane, so per group and column
+// S = sum over k of xi[k] * q[k] is an exact integer (|S| <= 32 * 127 * 15), the same in any order;
+// then y = (s * sum of xi) * m + ((d * s) * S + y) in fp32: the same steps, lane for lane, as the
+// AVX2 kernel (q4_avx2.h), so both give the same bits. A VPDPBUSD does 64 multiply-adds, twice
+// VDPBF16PS's 32 (the bfloat16 kernel this replaced, 2026-12-04: README's "What changed").
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,131 +19,114 @@
 #include <cstring>
 #include <vector>
 
+#include "int8_rows.h"
+
 namespace sendlens::q4 {
 
-constexpr const char* ISA = "avx512bf16";
-using Expanded = __m512bh;                         // an expanded panel: K/2 of these
-constexpr int64_t MAX_ROWS = 8;                    // rows of a tile: each keeps its sums in registers
+constexpr const char* ISA = "avx512vnni";
+using Expanded = __m512i;           // an expanded panel: K/4 of these (per octet: its low and high quads)
+constexpr int64_t MAX_ROWS = 8;     // rows of a tile: each keeps its sums in registers
 constexpr int PANELS_ONE_ROW = 4;   // panels a tile of one row takes at once (a decode step)
 constexpr int PANELS_TWO_ROWS = 4;  // and of two rows
 
-inline int64_t expanded_size(int64_t K) { return K / 2; }
+inline int64_t expanded_size(int64_t K) { return K / 4; }
 
-// The activations as the tiles read them.
-struct Rows {
-  int64_t K;
-  at::Tensor x;            // (M, K) bfloat16
-  std::vector<float> sum;  // (M, K/32): each group's sum of x, for the m term
-  const uint16_t* data = nullptr;  // x's, taken once (data_ptr checks the tensor on every call)
-  const uint16_t* row(int64_t r) const { return data + r * K; }
-};
+// The activations as the tiles read them: rounded to 8-bit integers per group (int8_rows.h).
+using Rows = Int8Rows;
+inline Rows prepare(const at::Tensor& x) { return round_to_int8(x); }
 
-inline Rows prepare(const at::Tensor& x_in) {
-  const int64_t M = x_in.size(0), K = x_in.size(1), K32 = K / 32;
-  Rows rows{K, x_in.to(at::kBFloat16).contiguous(), std::vector<float>(M * K32)};
-  rows.data = reinterpret_cast<const uint16_t*>(rows.x.data_ptr());
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const uint16_t* v = rows.row(r);
-      for (int64_t g = 0; g < K32; ++g) {  // in order, one value at a time
-        float t = 0.0f;
-        for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
-          const uint32_t bits = static_cast<uint32_t>(v[k]) << 16;
-          float f;
-          std::memcpy(&f, &bits, sizeof f);
-          t += f;
-        }
-        rows.sum[r * K32 + g] = t;
-      }
-    }
-  });
-  return rows;
+// Octet o of a panel (k = 8o .. 8o + 7): 64 bytes, byte 4c + j holding column c's q at k = 8o + j
+// (low nibble) and at k = 8o + 4 + j (high nibble). A mask gives the 16 columns' quads at
+// k = 8o .. 8o + 3 (lo), a shift and a mask those at 8o + 4 .. 8o + 7 (hi), as VPDPBUSD reads them.
+inline void octet(const uint8_t* nib, int64_t o, __m512i& lo, __m512i& hi) {
+  const __m512i low = _mm512_set1_epi8(15);
+  const __m512i v = _mm512_loadu_si512(nib + o * 64);
+  lo = _mm512_and_si512(v, low);
+  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 }
 
-// bfloat16 0, 1, ... 15 (twice: VPERMW reads 32 words by 5-bit index): a nibble's weight, exactly.
-inline __m512i nibble_values() {
-  alignas(64) uint16_t t[32];
-  for (int i = 0; i < 32; ++i) {
-    const float v = static_cast<float>(i % 16);
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    t[i] = static_cast<uint16_t>(bits >> 16);
-  }
-  return _mm512_load_si512(t);
-}
+inline __m512i quad_of(const int8_t* row, int64_t k) { return _mm512_set1_epi32(int8_quad(row, k)); }
 
-// Unit u of a panel (k = 4u .. 4u + 3): the 16 columns' q as bfloat16 pairs, for k = 4u, 4u + 1
-// (first) and 4u + 2, 4u + 3 (second); lane c holds column c's pair.
-inline void unit(const uint8_t* nib, int64_t u, __m512i values, __m512bh& first, __m512bh& second) {
-  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(nib + u * 32)));
-  first = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(b, _mm512_set1_epi16(15)), values);
-  second = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), values);
-}
-
-inline __m512bh pair_of(const uint16_t* row, int64_t k) {  // x[k], x[k + 1] in every lane
-  int32_t pair;
-  std::memcpy(&pair, row + k, sizeof pair);
-  return (__m512bh)_mm512_set1_epi32(pair);
-}
-
-// One group's end: acc += d * S + m * (the group's sum of x), the same two steps for every row.
-inline __m512 close_group(__m512 acc, __m512 S, const at::Half* dm, int64_t g, float x_sum) {
+// One group's end for 16 columns: y = sum * m + ((d * scale) * S + y), the same steps for every row
+// (and as q4_avx2.h's close_group, lane for lane).
+inline __m512 close_group(__m512 acc, __m512i S, const at::Half* dm, int64_t g, float scale, float sum) {
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32)));
   const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32 + 16)));
-  return _mm512_fmadd_ps(m, _mm512_set1_ps(x_sum), _mm512_fmadd_ps(d, S, acc));
+  const __m512 ds = _mm512_mul_ps(d, _mm512_set1_ps(scale));
+  return _mm512_fmadd_ps(m, _mm512_set1_ps(sum), _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(S), acc));
+}
+
+// Group g of the np panels from nib, dm into L1: those of the tile this thread takes next, while
+// this one computes (q4_avx2.h's prefetch_group says why; a prefetch never faults).
+inline void prefetch_group(const uint8_t* nib, const at::Half* dm, int64_t K, int64_t g, int np) {
+  for (int c = 0; c < np; ++c) {
+    const char* next = reinterpret_cast<const char*>(nib + c * (K / 4) * 32 + g * 256);
+    for (int line = 0; line < 256; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(dm + c * (K / 32) * 32 + g * 32), _MM_HINT_T0);
+  }
 }
 
 // R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy. Several
-// panels give a few rows independent chains.
+// panels give a few rows independent chains; each group's sum runs in two chains (the low quads
+// and the high), added at its end: integers, so the same S.
 template <int R, int NP>
 void tile(const Rows& a, int64_t r0, const uint8_t* nib, const at::Half* dm, float* y, int64_t ldy) {
-  const int64_t K = a.K;
-  const __m512i values = nibble_values();
+  const int64_t K = a.K, K32 = K / 32;
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
   __m512 acc[R][NP];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NP; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < K / 32; ++g) {
-    __m512 S[R][NP];
+  for (int64_t g = 0; g < K32; ++g) {
+    __m512i S[R][NP], T[R][NP];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c) S[r][c] = _mm512_setzero_ps();
-    for (int64_t u = g * 8; u < g * 8 + 8; ++u) {
+      for (int c = 0; c < NP; ++c) S[r][c] = T[r][c] = _mm512_setzero_si512();
+    prefetch_group(nib + NP * (K / 4) * 32, dm + NP * K32 * 32, K, g, NP);  // the next tile's
+    for (int64_t o = g * 4; o < g * 4 + 4; ++o) {
       for (int c = 0; c < NP; ++c) {
-        __m512bh first, second;
-        unit(nib + c * (K / 4) * 32, u, values, first, second);
+        __m512i lo, hi;
+        octet(nib + c * (K / 4) * 32, o, lo, hi);
         for (int r = 0; r < R; ++r) {
-          S[r][c] = _mm512_dpbf16_ps(S[r][c], first, pair_of(a.row(r0 + r), 4 * u));
-          S[r][c] = _mm512_dpbf16_ps(S[r][c], second, pair_of(a.row(r0 + r), 4 * u + 2));
+          S[r][c] = _mm512_dpbusd_epi32(S[r][c], lo, quad_of(x[r], 8 * o));
+          T[r][c] = _mm512_dpbusd_epi32(T[r][c], hi, quad_of(x[r], 8 * o + 4));
         }
       }
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < NP; ++c)
-        acc[r][c] = close_group(acc[r][c], S[r][c], dm + c * (K / 32) * 32, g, a.sum[(r0 + r) * (K / 32) + g]);
+        acc[r][c] = close_group(acc[r][c], _mm512_add_epi32(S[r][c], T[r][c]), dm + c * K32 * 32, g,
+                                a.scale[(r0 + r) * K32 + g], a.sum[(r0 + r) * K32 + g]);
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NP; ++c) _mm512_storeu_ps(y + r * ldy + c * 16, acc[r][c]);
 }
 
-// A panel's q as bfloat16 pairs, once, for every tile of rows that follows.
+// A panel's q as unsigned bytes, once, for every tile of rows that follows.
 inline void expand(const uint8_t* nib, int64_t K, Expanded* buffer) {
-  const __m512i values = nibble_values();
-  for (int64_t u = 0; u < K / 4; ++u) unit(nib, u, values, buffer[2 * u], buffer[2 * u + 1]);
+  for (int64_t o = 0; o < K / 8; ++o) octet(nib, o, buffer[2 * o], buffer[2 * o + 1]);
 }
 
-// R rows from r0 times one expanded panel: the same operations in the same order as tile<R, 1>.
+// R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R, 1>.
 template <int R>
 void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half* dm, float* y, int64_t ldy) {
-  const int64_t K = a.K;
+  const int64_t K = a.K, K32 = K / 32;
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
+  const float* scale = a.scale.data() + r0 * K32;  // (R, K32)
+  const float* sum = a.sum.data() + r0 * K32;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < K / 32; ++g) {
-    __m512 S[R];
-    for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_ps();
-    for (int64_t p = g * 16; p < g * 16 + 16; ++p) {
-      const __m512bh w = buffer[p];
-      for (int r = 0; r < R; ++r) S[r] = _mm512_dpbf16_ps(S[r], w, pair_of(a.row(r0 + r), 2 * p));
+  for (int64_t g = 0; g < K32; ++g) {
+    __m512i S[R];
+    for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
+    for (int64_t o = g * 4; o < g * 4 + 4; ++o) {
+      const __m512i lo = buffer[2 * o], hi = buffer[2 * o + 1];
+      for (int r = 0; r < R; ++r) {
+        S[r] = _mm512_dpbusd_epi32(S[r], lo, quad_of(x[r], 8 * o));
+        S[r] = _mm512_dpbusd_epi32(S[r], hi, quad_of(x[r], 8 * o + 4));
+      }
     }
-    for (int r = 0; r < R; ++r) acc[r] = close_group(acc[r], S[r], dm, g, a.sum[(r0 + r) * (K / 32) + g]);
+    for (int r = 0; r < R; ++r) acc[r] = close_group(acc[r], S[r], dm, g, scale[r * K32 + g], sum[r * K32 + g]);
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }

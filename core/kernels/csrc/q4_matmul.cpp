@@ -1,24 +1,28 @@
 // x W^T for Q4_1 weights (llama.cpp's format: groups of 32 weights w = d*q + m, q in 0..15, d and
-// m in fp16). Per group of 32 k and output column j:
-//   S = sum over k of x[k] * q[j][k]      (q exact: the weights themselves are never rounded)
-//   y[j] = m * (sum over k of x[k]) + (d * S + y[j])
+// m in fp16). Each row of x is rounded once to 8-bit integers per group of 32 (int8_rows.h:
+// x ~ s * xi, s = the group's largest |x| / 127, as llama.cpp rounds activations for its Q4_1 dot
+// products), and per group of 32 k and output column j:
+//   S = sum over k of xi[k] * q[j][k]      (an exact integer: the weights are never rounded)
+//   y[j] = (s * sum of xi) * m + ((d * s) * S + y[j])      in fp32
 // The inner loops exist for two instruction sets, chosen when the extension is compiled for this
-// CPU (-march=native): AVX-512 BF16 (q4_avx512.h: x rounded to bfloat16, VDPBF16PS pairs, fp32
-// sums) and AVX2 (q4_avx2.h: x rounded to 16-bit integers per group, VPMADDWD pairs, exact
-// integer sums). Either streams the weights at half a byte each (plus d
-// and m per 32) and spends a few instructions per 64 of them, where PyTorch's int4 kernel
-// dequantizes every weight to fp32 and is bound by that arithmetic.
+// CPU (-march=native): AVX-512 VNNI (q4_avx512.h: VPDPBUSD, 64 multiply-adds an instruction) and
+// AVX2 (q4_avx2.h: VPMADDUBSW, then VPMADDWD once per group). Their integer sums are exact and their
+// fp32 steps the same, lane for lane, so the two give the same bits. Either streams the weights
+// at half a byte each (plus d and m per 32) and spends a few instructions per 64 of them, where
+// PyTorch's int4 kernel dequantizes every weight to fp32 and is bound by that arithmetic.
 //
 // Batch-invariant by construction: output (i, j) is one fixed chain of operations over k in order,
-// whatever the number of rows, the tile they fall in, or the threads (which split columns only).
-// One or two rows take several 16-column panels at once (independent chains, to hide the FMA's
-// latency); more rows expand each panel's q once into a buffer that tiles of rows read.
+// whatever the number of rows, the tile they fall in, or the threads (which split columns only):
+// the row's rounding to integers is its own, the integer sums are exact in any order, and the
+// fp32 steps are the same in every tile. One or two rows take several 16-column panels at once
+// (independent chains, to hide the latency); more rows expand each panel's q once into a buffer
+// that tiles of rows read.
 //
-// Layout (gemm.pack_q4_1_native), per panel of 16 output columns: nibbles (N/16, K/4, 32) uint8
-// in the order the instruction set's inner loop reads them (AVX-512: units of 4 k, the two halves
-// of a byte the pairs VDPBF16PS reads; AVX2: octets of 8 k, a 32-bit lane per column that shifts
-// and masks turn into VPMADDWD's pairs; each header says how); dm (N/16, K/32, 2, 16) fp16: each
-// group's d, then m, for the 16 columns.
+// Layout (gemm.pack_q4_1_native), per panel of 16 output columns: nibbles (N/16, K/4, 32) uint8,
+// in octets of 8 k, 64 bytes each: byte 4c + j holds column c's q at k = 8o + j (low nibble) and
+// at k = 8o + 4 + j (high nibble), the quads VPDPBUSD and VPMADDUBSW read (AVX2 reads each octet's
+// 32-byte halves, columns 0-7 and 8-15); dm (N/16, K/32, 2, 16) fp16: each group's d, then m, for
+// the 16 columns.
 
 #include <ATen/Parallel.h>
 
@@ -28,7 +32,7 @@
 
 #include "kernels.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include "q4_avx512.h"
 #define SENDLENS_Q4 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -78,7 +82,7 @@ void few_rows(const q4::Rows& a, int64_t P, const uint8_t* nib, const at::Half* 
 #endif
 
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& dm) {
-  TORCH_CHECK(!q4_matmul_isa().empty(), "q4_matmul: this build has neither AVX-512 BF16 nor AVX2 (use gemm.linear_q4)");
+  TORCH_CHECK(!q4_matmul_isa().empty(), "q4_matmul: this build has neither AVX-512 VNNI nor AVX2 (use gemm.linear_q4)");
   TORCH_CHECK(x.dim() == 2 && nibbles.dim() == 3 && nibbles.scalar_type() == at::kByte &&
                   nibbles.size(2) == 32 && dm.dim() == 4 && dm.scalar_type() == at::kHalf,
               "q4_matmul: x (M, K), nibbles (N/16, K/4, 32) uint8, dm (N/16, K/32, 2, 16) half");

@@ -1,9 +1,17 @@
 // x W^T for Q8_0 weights (llama.cpp's format: groups of 32 weights w = d*q, q in -127..127, d in
-// fp16): the LM head of the q4_1 engine, whose GGUF file keeps the tied embedding in Q8_0.
-// With AVX2, each row of x is rounded to 16-bit integers per group of 32 (int16_rows.h), and per
-// group and column, in 32-bit integers and so exactly in any order:
-//   S = sum over k of xi[k] * q[k]    (VPMADDWD pairs; |S| <= 32 * 32767 * 127 < 2^31)
-//   y = (d * s) * S + y              (S converted to fp32 once; in fp32, group after group)
+// fp16): the format q8_0, and the LM head of the q4_1 engine, whose GGUF file keeps the tied
+// embedding in Q8_0. Per group of 32 k and output column, in 32-bit integers and so exactly in any
+// order, then in fp32 group after group:
+//   S = sum over k of xi[k] * q[k],   y = (d * s) * S + y
+// with x ~ s * xi rounded once per row and group:
+// - AVX-512 VNNI: to 8-bit integers (int8_rows.h, s = the group's largest |x| / 127, llama.cpp's
+//   rounding). VPDPBUSD multiplies unsigned by signed bytes, so the weights are stored offset,
+//   q + 128 in 1..255, and S = (sum of xi * (q + 128)) - 128 * (sum of xi), exact
+//   (|sum| <= 32 * 255 * 127 < 2^31): 64 multiply-adds an instruction.
+// - AVX2: to 16-bit integers (int16_rows.h, s = largest |x| / 32767), VPMADDWD pairs
+//   (|S| <= 32 * 32767 * 127 < 2^31). 8-bit activations would not pay here: VPMADDUBSW needs an
+//   unsigned operand, and the sign trick (|x| times q with x's sign) costs as many instructions
+//   per weight as the 16-bit pairs.
 // One pass over the 8-bit weights: 30 MB for SmolLM2's 49,152 x 576 head, where the two 4-bit
 // passes it replaces (16*d*hi + d*lo, gemm.py) read 35 MB and spent about three times the
 // instructions.
@@ -11,9 +19,10 @@
 // Batch-invariant by construction: output (i, j) is one fixed chain of operations over k in order,
 // whatever the number of rows, the tile they fall in, or the threads (which split columns only).
 //
-// Layout (gemm.pack_q8_0_native), per panel of 16 output columns: q (N/16, K/2, 32) int8, byte b
-// of unit u holding column b/2's q at k = 2u + b%2 (so each 16-byte half widens to the k pairs of
-// 8 columns that VPMADDWD reads); d (N/16, K/32, 16) fp16.
+// Layout (gemm.pack_q8_0_native), per panel of 16 output columns: q (N/16, K/2, 32) int8 and
+// d (N/16, K/32, 16) fp16. AVX2: byte b of unit u holds column b/2's q at k = 2u + b%2 (each
+// 16-byte half widens to the k pairs of 8 columns that VPMADDWD reads). AVX-512 VNNI: in quads of
+// 4 k, 64 bytes each, byte 4c + j holds column c's q + 128 at k = 4u + j, as VPDPBUSD reads them.
 
 #include <ATen/Parallel.h>
 
@@ -21,7 +30,13 @@
 
 #include "kernels.h"
 
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+#include "int8_rows.h"
+#define SENDLENS_Q8 1
+#define SENDLENS_Q8_VNNI 1
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
 #include "int16_rows.h"
@@ -38,15 +53,65 @@ bool q8_matmul_available() {
 #endif
 }
 
-#ifdef SENDLENS_Q8
+#ifdef SENDLENS_Q8_VNNI
+namespace {
+
+constexpr int64_t MAX_ROWS = 8;    // rows of a tile: 16 sums in registers
+constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (a decode step)
+using Rows = Int8Rows;
+inline Rows prepare(const at::Tensor& x) { return round_to_int8(x); }
+
+// R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy. Each group's
+// sum runs in two chains (even and odd quads), added at its end: integers, so the same S.
+template <int R, int NP>
+void tile(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
+  const int64_t K = a.K, K32 = K / 32, panel = (K / 2) * 32;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(q);
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
+  __m512 acc[R][NP];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NP; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < K32; ++g) {
+    __m512i S[R][NP], T[R][NP];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NP; ++c) S[r][c] = T[r][c] = _mm512_setzero_si512();
+    for (int64_t u = g * 8; u < g * 8 + 8; u += 2) {
+      for (int c = 0; c < NP; ++c) {
+        const __m512i w0 = _mm512_loadu_si512(w + c * panel + u * 64);
+        const __m512i w1 = _mm512_loadu_si512(w + c * panel + u * 64 + 64);
+        for (int r = 0; r < R; ++r) {
+          S[r][c] = _mm512_dpbusd_epi32(S[r][c], w0, _mm512_set1_epi32(int8_quad(x[r], 4 * u)));
+          T[r][c] = _mm512_dpbusd_epi32(T[r][c], w1, _mm512_set1_epi32(int8_quad(x[r], 4 * u + 4)));
+        }
+      }
+    }
+    for (int c = 0; c < NP; ++c) {
+      const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + c * K32 * 16 + g * 16)));
+      for (int r = 0; r < R; ++r) {  // S without the weights' offset, then y = (d * s) * S + y
+        const __m512i offset = _mm512_set1_epi32(128 * a.isum[(r0 + r) * K32 + g]);
+        const __m512i exact = _mm512_sub_epi32(_mm512_add_epi32(S[r][c], T[r][c]), offset);
+        const __m512 ds = _mm512_mul_ps(dg, _mm512_set1_ps(a.scale[(r0 + r) * K32 + g]));
+        acc[r][c] = _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(exact), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NP; ++c) _mm512_storeu_ps(y + r * ldy + c * 16, acc[r][c]);
+}
+
+}  // namespace
+#elif defined(SENDLENS_Q8)
 namespace {
 
 constexpr int64_t MAX_ROWS = 4;  // rows of a tile: 8 sums, two weight vectors and a pair in registers
 constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (a decode step)
+using Rows = Int16Rows;
+inline Rows prepare(const at::Tensor& x) { return round_to_int16(x); }
 
 // R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy.
 template <int R, int NP>
-void tile(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
+void tile(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32, panel = (K / 2) * 32;
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * NP; ++c) _mm256_storeu_ps(y + r * ldy + 8 * c, _mm256_setzero_ps());
@@ -79,8 +144,14 @@ void tile(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, fl
   }
 }
 
+}  // namespace
+#endif
+
+#ifdef SENDLENS_Q8
+namespace {
+
 template <int R>
-void tile_rows(const Int16Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy,
+void tile_rows(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy,
                int64_t rows) {
   if constexpr (R > 1) {
     if (rows < R) return tile_rows<R - 1>(a, r0, q, d, y, ldy, rows);
@@ -101,7 +172,7 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
               "q8_matmul: x has ", K, " columns; the weights were packed for ", q.size(1) * 2);
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
 #ifdef SENDLENS_Q8
-  const Int16Rows a = round_to_int16(x);
+  const Rows a = prepare(x);
   const at::Tensor q_c = q.contiguous(), d_c = d.contiguous();
   const int8_t* qs = q_c.data_ptr<int8_t>();
   const at::Half* ds = d_c.data_ptr<at::Half>();

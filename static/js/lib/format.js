@@ -39,8 +39,9 @@ export function visibleWhitespace(text) {
 export const WEIGHT_FORMATS = {
   fp32: "the linear layers in fp32, 4 bytes a weight",
   bf16: "the linear layers in bf16, 2 bytes a weight",
-  q8_0: "the linear layers in 8-bit q8_0, a byte a weight and an fp16 scale per 32",
-  q4_1: "the linear layers in 4-bit q4_1, the model file's own format: about 0.6 bytes a weight with its scales",
+  q8_0: "the linear layers in 8-bit q8_0, a byte a weight and an fp16 scale per 32, the activations rounded to integers per 32",
+  q4_1: "the linear layers in 4-bit q4_1, the model file's own format: about 0.6 bytes a weight with its scales, "
+    + "the activations rounded to 8-bit integers per 32 as llama.cpp does",
 };
 
 export function weightFormat(name) {

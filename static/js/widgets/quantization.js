@@ -15,8 +15,8 @@ const FORMATS = ["fp32", "bf16", "q8_0", "q4_1"];
 const FORMAT_WORDS = {
   fp32: "fp32: 4 bytes a weight, the reference",
   bf16: "bf16: 2 bytes a weight, fp32's exponent with 8 bits of mantissa",
-  q8_0: "q8_0: 8-bit integers, one fp16 scale per 32 weights",
-  q4_1: "q4_1: 4-bit integers, a scale and a minimum per 32 (the model file's own)",
+  q8_0: "q8_0: 8-bit integers, one fp16 scale per 32 weights; the activations rounded to 8-bit (AVX-512 VNNI) or 16-bit integers per 32",
+  q4_1: "q4_1: 4-bit integers, a scale and a minimum per 32 (the model file's own); the activations rounded to 8-bit integers per 32",
 };
 
 // Options from the URL (docs/widgets.md).

@@ -1,0 +1,68 @@
+// Activations rounded to 8-bit integers per group of 32, for the integer products of the Q4_1
+// kernels (q4_avx512.h: VPDPBUSD; q4_avx2.h: VPMADDUBSW), as llama.cpp rounds them for its Q4_1 and
+// Q8_0 dot products (its Q8_1 activations): x ~ s * xi with s = the group's largest |x| / 127, xi in
+// -127..127, an error of at most s / 2 each. Each row is rounded on its own, so a row's integers
+// never depend on the batch; the sums with the weights are then exact integers, the same in any
+// order and any tile.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace sendlens {
+
+struct Int8Rows {
+  int64_t K;
+  std::vector<int8_t> xi;    // (M, K): x ~ scale * xi, per group of 32
+  std::vector<float> scale;  // (M, K/32)
+  std::vector<float> sum;    // (M, K/32): scale * (the group's sum of xi), for Q4_1's m term
+  std::vector<int32_t> isum; // (M, K/32): the group's sum of xi (Q8_0's offset weights, q8_matmul.cpp)
+  const int8_t* row(int64_t r) const { return xi.data() + r * K; }
+};
+
+inline Int8Rows round_to_int8(const at::Tensor& x_in) {
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), K32 = K / 32;
+  Int8Rows rows{K, std::vector<int8_t>(M * K), std::vector<float>(M * K32), std::vector<float>(M * K32),
+                std::vector<int32_t>(M * K32)};
+  const float* xs = x.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t g = 0; g < K32; ++g) {
+        const float* v = xs + r * K + g * 32;
+        int8_t* q = rows.xi.data() + r * K + g * 32;
+        float amax = 0.0f;
+        for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t total = 0;
+        for (int k = 0; k < 32; ++k) {
+          const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -127, 127);
+          q[k] = static_cast<int8_t>(i);
+          total += i;
+        }
+        rows.scale[r * K32 + g] = scale;
+        rows.sum[r * K32 + g] = scale * static_cast<float>(total);
+        rows.isum[r * K32 + g] = total;
+      }
+  });
+  return rows;
+}
+
+// xi[k .. k + 3] of a row as one 32-bit value: the quad VPDPBUSD / VPMADDUBSW multiply with four
+// weights of each column.
+inline int32_t int8_quad(const int8_t* row, int64_t k) {
+  int32_t quad;
+  std::memcpy(&quad, row + k, sizeof quad);
+  return quad;
+}
+
+}  // namespace sendlens
