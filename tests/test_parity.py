@@ -180,6 +180,22 @@ def test_greedy_chat_continuations_match_generate(engine_llm, hf_reference, hf_g
     assert max(len(out.token_ids) for out in ours) == 48  # at least one ran the whole length
 
 
+def eight_bit_engines() -> list[str]:
+    """The engines of ENGINES that round activations to 8-bit integers here (rounds_to_8_bits, on
+    each engine's kernel path): q4_1 on every path of the engine's kernel, q8_0 with AVX-512 VNNI."""
+    from core.model.linear import q8_kernel
+    out = []
+    for name in ENGINES:
+        fmt, _, path = name.partition("-")
+        isa = path or q4_kernel_isa()
+        if fmt == "q8_0" and q8_kernel() is None:
+            continue
+        if fmt != "fp32" and format_roundings(fmt, isa)[1] == "int8":
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("engine_llm", eight_bit_engines(), indirect=True)
 def test_8_bit_formats_quality_figures_are_within_what_their_roundings_allow(engine_llm, logit_bounds):
     """q4_1 (and q8_0 where it rounds activations to 8 bits too: AVX-512 VNNI) is judged by its
     quality figures against fp32 (bench/quality.py, the `quantization` widget:
@@ -194,7 +210,7 @@ def test_8_bit_formats_quality_figures_are_within_what_their_roundings_allow(eng
     engine = engine_llm.engine
     fmt = engine.config.weight_format.value
     if not rounds_to_8_bits(fmt):
-        pytest.skip(f"{fmt} rounds no activations to 8 bits here: the parity test's greedy checks judge it")
+        raise ValueError(f"engine_llm: {fmt} rounds no activations to 8 bits here (eight_bit_engines chose it)")
     from app.lab.formats import compare
     stats = compare(paged_logits(engine, logit_bounds.ids), logit_bounds.fp32)
     lowest_top5, highest_kl = logit_bounds.quality_bounds(fmt, q4_kernel_isa())
