@@ -90,13 +90,18 @@ function renderChips(view, reply) {
   detail.textContent = HINT;
 }
 
+// "1 token", "2.38 tokens": a ratio and its unit.
+function rate(value, unit) {
+  return `${fmtNum(value, 3)} ${unit}${value === 1 ? "" : "s"}`;
+}
+
 // The counts, the ratio line and the note on special tokens typed in.
 function renderCounts(view, reply) {
   view.numTokens.set(reply.num_tokens, fmtNum(reply.num_tokens));
   view.numWords.set(reply.num_words, fmtNum(reply.num_words));
   view.numChars.set(reply.num_chars, fmtNum(reply.num_chars));
   view.ratio.textContent = reply.num_words
-    ? `${fmtNum(reply.num_tokens / reply.num_words, 3)} tokens per word, ${fmtNum(reply.num_chars / reply.num_tokens, 3)} characters per token, from a vocabulary of ${reply.vocab_size.toLocaleString("en-US")} pieces.`
+    ? `${rate(reply.num_tokens / reply.num_words, "token")} per word, ${rate(reply.num_chars / reply.num_tokens, "character")} per token, from a vocabulary of ${reply.vocab_size.toLocaleString("en-US")} pieces.`
     : `${fmtNum(reply.num_tokens)} tokens and no words: only whitespace.`;
   const specials = [...new Set(reply.tokens.filter((t) => t.special).map((t) => t.text))];
   view.specialNote.hidden = specials.length === 0;
