@@ -4,7 +4,7 @@
 #   make bench   install the benchmark's peers (llama-cpp-python compiles for minutes), then
 #                run python -m bench and write its tables into README.md: first the classroom
 #                (bench.load's 50 clients x 60 s against a server of each weight format in turn),
-#                then every system in interleaved rounds. About 25 minutes on 2 cores after the
+#                then every system in interleaved rounds. 16 to 25 minutes on 2 cores after the
 #                install on a quiet machine (longer with other work beside it; BENCH_ARGS=--quick:
 #                a few minutes; --no-classroom skips the classroom, about 5 minutes less)
 # Both create .venv on first use; later runs reuse it and install nothing new.

@@ -1,6 +1,6 @@
 """python -m bench: our engine against transformers and llama.cpp on this machine, in one run.
 
-    python -m bench              # the full run (about half an hour on two cores), JSON + table
+    python -m bench              # the full run (16 to 25 minutes on two quiet cores), JSON + table
     python -m bench --quick      # a short one for iterating (a few minutes)
     python -m bench --readme     # ... and write the tables into README.md
 
