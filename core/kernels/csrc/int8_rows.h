@@ -20,33 +20,38 @@
 
 namespace sendlens {
 
-struct Int8Rows {
+// A row's integers of any width: int8_t here, int16_t in int16_rows.h.
+template <typename T>
+struct IntRows {
   int64_t K;
-  std::vector<int8_t> xi;    // (M, K): x ~ scale * xi, per group of 32
+  std::vector<T> xi;         // (M, K): x ~ scale * xi, per group of 32
   std::vector<float> scale;  // (M, K/32)
   std::vector<float> sum;    // (M, K/32): scale * (the group's sum of xi), for Q4_1's m term
   std::vector<int32_t> isum; // (M, K/32): the group's sum of xi (Q8_0's offset weights, q8_matmul.cpp)
-  const int8_t* row(int64_t r) const { return xi.data() + r * K; }
+  const T* row(int64_t r) const { return xi.data() + r * K; }
 };
 
-inline Int8Rows round_to_int8(const at::Tensor& x_in) {
+// x (M, K) rounded per group of 32 to integers in -limit..limit: s = the group's largest |x| / limit.
+template <typename T>
+IntRows<T> round_rows(const at::Tensor& x_in, int32_t limit) {
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), K32 = K / 32;
-  Int8Rows rows{K, std::vector<int8_t>(M * K), std::vector<float>(M * K32), std::vector<float>(M * K32),
-                std::vector<int32_t>(M * K32)};
+  const float top = static_cast<float>(limit);
+  IntRows<T> rows{K, std::vector<T>(M * K), std::vector<float>(M * K32), std::vector<float>(M * K32),
+                  std::vector<int32_t>(M * K32)};
   const float* xs = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t g = 0; g < K32; ++g) {
         const float* v = xs + r * K + g * 32;
-        int8_t* q = rows.xi.data() + r * K + g * 32;
+        T* q = rows.xi.data() + r * K + g * 32;
         float amax = 0.0f;
         for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
-        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float scale = amax / top, inv = amax > 0.0f ? top / amax : 0.0f;
         int32_t total = 0;
         for (int k = 0; k < 32; ++k) {
-          const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -127, 127);
-          q[k] = static_cast<int8_t>(i);
+          const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -limit, limit);
+          q[k] = static_cast<T>(i);
           total += i;
         }
         rows.scale[r * K32 + g] = scale;
@@ -56,6 +61,10 @@ inline Int8Rows round_to_int8(const at::Tensor& x_in) {
   });
   return rows;
 }
+
+using Int8Rows = IntRows<int8_t>;
+
+inline Int8Rows round_to_int8(const at::Tensor& x) { return round_rows<int8_t>(x, 127); }
 
 // xi[k .. k + 3] of a row as one 32-bit value: the quad VPDPBUSD / VPMADDUBSW multiply with four
 // weights of each column.
