@@ -179,16 +179,19 @@ def logit_bounds(smollm_loaded, tmp_path_factory):
     if len(ids) != 64:
         raise ValueError(f"REFERENCE_PROMPT: {len(ids)} tokens, want 64")
     bounds = LogitBounds(Transformer.from_state_dict(smollm_loaded.config, smollm_loaded.state_dict), ids)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared_redraws(bounds, tmp_path_factory.getbasetemp().parent / "redraws")
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")         # the same in every process of this run
+    if run:
+        shared_redraws(bounds, tmp_path_factory.getbasetemp().parent / f"redraws-{run}")
     return bounds
 
 
 def shared_redraws(bounds, folder: Path) -> None:
     """bounds.redrawn(fmt, isa), computed once for all of this run's xdist processes (they share
-    the run's base temporary folder): the first to ask computes it under a file lock and saves
-    it; a process asking while it computes waits for the lock, then reads. The same function of
-    the same model and tokens with a fixed seed: each process would compute the same tensors."""
+    the run's base temporary folder; `folder` is named by the run, so a run never reads an older
+    run's files, even with a fixed --basetemp): the first to ask computes it under a file lock
+    and saves it; a process asking while it computes waits for the lock, then reads. The same
+    function of the same model and tokens with a fixed seed: each process would compute the
+    same tensors."""
     import functools
 
     import torch
