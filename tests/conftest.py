@@ -280,6 +280,15 @@ def drain(gen):
             return items, stop.value
 
 
+def assert_writes_its_section(write_readme, begin: str, end: str, text: str, tmp_path) -> None:
+    """write_readme(text, path) puts `text` between a README's `begin` and `end` markers and keeps
+    the rest: checked on a small README in tmp_path."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{begin}\nold\n{end}\nb\n")
+    write_readme(text, readme)
+    assert readme.read_text() == f"a\n{begin}\n{text}\n{end}\nb\n"
+
+
 def lm_head_bytes_per_weight_q4_1() -> float:
     """Bytes a weight of q4_1's LM head takes: Q8_0 (a byte, and an fp16 scale per 32) where its
     kernel runs, else two Q4_1 halves (half a byte and an fp16 scale and minimum per 32, twice)."""

@@ -8,6 +8,7 @@ import pytest
 from bench import classroom, load, report
 from bench.__main__ import main, plan, prompt, repetitive, summarize, turns
 from bench.systems import serving_metrics
+from conftest import assert_writes_its_section
 
 # A float64 formula (u = 2^-53) of at most 16 operations on the made-up results, evaluated here and
 # in bench/ in another order or form (a percentile's interpolation, a ratio of ratios): within
@@ -228,10 +229,7 @@ def test_the_classroom_table_puts_each_format_beside_the_stored_rows(tmp_path):
     assert [r.split("|")[2].strip() for r in rows] == ["fp32", "bf16", "q8_0", "q4_1", "fp32", "q4_1", "bf16"]
     assert "| 2026-12-04 | bf16 | 10 | 10 | 0 | 270.5 | 500 / 900 ms | 200 / 260 ms |" in rows
     assert "| 2026-11-30 (stored) | q4_1 | 446 | 446 | 0 | 196.5 | 495 / 705 ms | 239 / 322 ms |" in rows
-    readme = tmp_path / "README.md"
-    readme.write_text(f"a\n{classroom.BEGIN}\nold\n{classroom.END}\nb\n")
-    classroom.write_readme(text, readme)
-    assert readme.read_text() == f"a\n{classroom.BEGIN}\n{text}\n{classroom.END}\nb\n"
+    assert_writes_its_section(classroom.write_readme, classroom.BEGIN, classroom.END, text, tmp_path)
 
 
 def test_bandwidth_shares_for_every_system_with_the_bytes_of_its_format():

@@ -13,7 +13,7 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import WS, wait_for
+from conftest import WS, assert_writes_its_section, wait_for
 
 from app.clients import Seat
 from app.replicas import code_symbol
@@ -177,7 +177,4 @@ def test_the_comparison_table_goes_between_the_replicas_markers(tmp_path):
                            "rows": rows})
     assert "| 1 server alone | 8 of 10 | 2 | 1.5 | 1.0 | 3 | 7 | 0 | none |" in text
     assert "| 2 replicas behind nginx, Redis | 10 of 10 | 0 | 1.5 | 1.0 | 3 | 7 | 4 | 2 `overloaded` |" in text
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{balancer.BEGIN}\nold\n{balancer.END}\ny\n")
-    balancer.write_readme(text, readme)
-    assert readme.read_text() == f"x\n{balancer.BEGIN}\n{text}\n{balancer.END}\ny\n"
+    assert_writes_its_section(balancer.write_readme, balancer.BEGIN, balancer.END, text, tmp_path)
