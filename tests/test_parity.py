@@ -123,9 +123,10 @@ def test_engine_logits_match_transformers(engine_llm, reference_logits, logit_bo
     assert engine.view.kv_stats()["free_blocks"] == engine.view.kv_stats()["total_blocks"]
 
 
-def rounds_to_8_bits(fmt: str) -> bool:
-    """Whether weight format `fmt` rounds activations to 8-bit integers on the kernel path in use."""
-    return fmt != "fp32" and format_roundings(fmt, q4_kernel_isa())[1] == "int8"
+def rounds_to_8_bits(fmt: str, isa: str | None = None) -> bool:
+    """Whether weight format `fmt` rounds activations to 8-bit integers on kernel path `isa` (the
+    one in use by default)."""
+    return fmt != "fp32" and format_roundings(fmt, q4_kernel_isa() if isa is None else isa)[1] == "int8"
 
 
 def margin(logits: torch.Tensor) -> torch.Tensor:
@@ -187,10 +188,7 @@ def eight_bit_engines() -> list[str]:
     out = []
     for name in ENGINES:
         fmt, _, path = name.partition("-")
-        isa = path or q4_kernel_isa()
-        if fmt == "q8_0" and q8_kernel() is None:
-            continue
-        if fmt != "fp32" and format_roundings(fmt, isa)[1] == "int8":
+        if (fmt != "q8_0" or q8_kernel() is not None) and rounds_to_8_bits(fmt, path or None):
             out.append(name)
     return out
 
