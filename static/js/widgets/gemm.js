@@ -111,7 +111,16 @@ function renderNotes(v, r) {
     + "Past the knee each extra row costs its own arithmetic, and the time per row stops falling.";
   v.roofNote.textContent = `The roof is the lesser of ${fmtNum(r.peak_gflops, 3)} GFLOP/s and ${fmtNum(r.bandwidth_gb_s, 3)} GB/s × intensity; `
     + `they meet at ${fmtNum(r.machine_balance, 3)} FLOPs per byte. An R-row product does 2·R·K·N FLOPs over its weights and rows: `
-    + `in ${r.format} that reaches the ridge near ${r.knee_rows === null ? "no row count" : `${fmtNum(r.knee_rows, 3)} rows`}. Points under the roof are the kernels' own losses.`;
+    + `in ${r.format} that reaches the ridge near ${r.knee_rows === null ? "no row count" : `${fmtNum(r.knee_rows, 3)} rows`}. Points under the roof are the kernels' own losses.`
+    + overRoof(r);
+}
+
+// Points above the roof: the peak and the bandwidth were timed at other moments than those points,
+// and on a shared machine the cores a moment gets move; said, not hidden.
+function overRoof(r) {
+  const over = r.points.filter((p) => p.gflop_s > Math.min(r.peak_gflops, r.bandwidth_gb_s * p.intensity)).length;
+  return over === 0 ? "" : ` ${over} of ${r.points.length} points lie above it: the roof was timed at another moment, `
+    + "and on a shared machine the share of the cores a moment gets moves (the peak is a best of 3, not a bound).";
 }
 
 async function render(v, r) {
