@@ -134,6 +134,14 @@ def wait_pending(server, n: int) -> None:
     wait_for(lambda: server.runtime.loop._num_pending == n, what=f"{n} queued requests")
 
 
+def wait_aborts_queued(server, n: int) -> None:
+    """n aborts sent over the socket reached the paused engine loop's command queue, behind its
+    queued requests (the server reads a message on its own thread): the loop takes them before
+    its next step."""
+    loop = server.runtime.loop
+    wait_for(lambda: loop._commands.qsize() >= loop._num_pending + n, what=f"{n} queued aborts")
+
+
 @pytest.fixture
 def slow_engine(live_server, monkeypatch):
     """Each engine step takes 20 ms longer: time to act while a request streams."""
@@ -315,7 +323,7 @@ def test_abort_before_the_first_token(live_server, ws):
         ws.accepted(mid)
         wait_pending(live_server, 1)
         ws.send({"type": "abort", "id": mid})
-        time.sleep(0.1)  # the abort reaches the engine's queue behind the request
+        wait_aborts_queued(live_server, 1)       # behind the request, before the loop resumes
     done = ws.recv_for(mid)
     assert done["type"] == "done" and done["finish_reason"] == "abort"
     assert done["completion_tokens"] == 0 and done["text"] == ""
@@ -575,6 +583,7 @@ def test_overloaded_queue(live_server, ws, connect):
         assert err["code"] == "overloaded" and err["param"] == "queue"
         for mid in mine:
             ws.send({"type": "abort", "id": mid})
+        wait_aborts_queued(live_server, 2)       # before the loop resumes and runs them to the end
     for mid in mine:
         assert ws.finish(mid, accepted={}).done["finish_reason"] == "abort"
     assert other.finish(theirs, accepted={}).done["finish_reason"] in {"stop", "length"}
