@@ -31,11 +31,11 @@ export HAS_PYTHON_H := import os, sys, sysconfig; sys.exit(not os.path.exists(os
 serve: $(VENV)/.serve-deps
 	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(MODEL) $(SETTINGS)
 
-# Three pytest processes (pytest-xdist) on two cores: the real-model server's group is one
-# process's whole share (tests/conftest.py: XDIST_GROUPS), and its tests mostly wait on the
-# server's jobs or a page, so the other two share the cores with it. `make fast`'s tests compute
-# in-process: two, one a core. --durations: the slowest tests, printed at the end.
-TEST_WORKERS ?= 3
+# Two pytest processes (pytest-xdist), one a core (tests/conftest.py: XDIST_GROUPS). Three were
+# tried on 2026-12-04: no faster on a quiet machine (13:23 against 13:43, within the run-to-run
+# spread), and the extra contention showed two timing races in five full runs. --durations: the
+# slowest tests, printed at the end.
+TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
 
 test: $(VENV)/.test-deps

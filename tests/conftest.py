@@ -57,7 +57,7 @@ def uses_conftest_fixture(item, names: set[str]) -> bool:
                for d in defs.get(name, ())[-1:])
 
 
-# `make test` runs the suite in three processes (pytest-xdist; tests/xdist_groups.py schedules):
+# `make test` runs the suite in two processes (pytest-xdist; tests/xdist_groups.py schedules):
 # one test module is one group, so a module's own server or engine starts once; every test of the
 # real-model server (`python -m app`, whose first jobs take minutes) is one group, so one server
 # computes them once; and the tests that load transformers' reference share a process too. The

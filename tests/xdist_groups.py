@@ -1,4 +1,4 @@
-"""Which pytest-xdist process runs which tests (`make test`: `-n 3 --dist loadgroup`).
+"""Which pytest-xdist process runs which tests (`make test`: `-n 2 --dist loadgroup`).
 
 A group's tests run in one process, one after another: a test module is one group, so the
 module's own server or engine starts once; every test of the real-model server (conftest's
