@@ -64,6 +64,8 @@ sock = Sock()
 
 IDLE_CLOSE_CODE = 4000     # closed for being idle: the page reconnects when it next needs to
 POLL_S = 1.0               # the reader wakes this often to check for idleness, closing and shutdown
+ABORT_WAIT_S = 5.0         # on closing, the most the reader waits for its aborted requests' `done`s (a
+                           # busy engine's step, well inside app/__main__.py's GRACEFUL_TIMEOUT_S)
 
 
 @sock.route("/ws", bp=bp)
@@ -245,7 +247,7 @@ class Connection:
         the client), then say goodbye."""
         for mid in self._abort_all():
             self.send(aborted_while_tokenizing(mid))
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + ABORT_WAIT_S
         while time.monotonic() < deadline:
             with self.lock:
                 if not self.requests:
@@ -410,9 +412,7 @@ class Connection:
         reply = None if accepted is None else json.dumps({"type": "accepted", "id": mid, **accepted(seq)})
 
         def listener(out) -> None:  # on the engine loop's thread: only queue it
-            self.release_request(mid, out)
-            for message in format_output(mid, out):
-                self.send(message)
+            self.deliver(mid, out, format_output(mid, out))
         with self.lock:
             if call.tokenized_by_job and mid not in self.tokenizing:
                 raise Withdrawn(mid)
@@ -457,13 +457,22 @@ class Connection:
                                               f"{self.config.max_tokens_per_connection}); wait for them to finish",
                                 "connection")
 
-    def release_request(self, mid, out) -> None:
-        """An output of a held request: once finished, it no longer counts."""
-        if out.finished:
-            with self.lock:
+    def deliver(self, mid, out, messages) -> None:
+        """Queue a request's output (on the engine loop's thread). Once finished, the request no
+        longer counts, and it stops counting in the same hold of the lock that queues its last
+        messages: a shutdown that waits for no requests then always queues its close after them,
+        and a client that reads the `done` and starts again is never refused for the old one."""
+        texts = [json.dumps(message) for message in messages]
+        over = False
+        with self.lock:
+            if out.finished:
                 self.requests.pop(mid, None)
                 self.request_tokens.pop(mid, None)
                 self.loops.pop(mid, None)
+            for text in texts:
+                over = self._queue(text) or over
+        if over:
+            self._cut_off()
 
     # -- writing (the writer thread) ---------------------------------------------------------
     def _write(self) -> None:
