@@ -358,6 +358,19 @@ def format_roundings(fmt: str, isa: str):
     return q4_weight, ("int8" if isa else "bf16"), (None if isa else "bf16")
 
 
+def rounding_path(fmt: str, isa: str) -> str:
+    """The one kernel path that stands for `isa` among those on which format `fmt` makes the same
+    roundings (format_roundings: the same weights, the same kinds of activation and result
+    rounding), so that LogitBounds computes their redraws once: q4_1 rounds alike on avx512vnni
+    and avx2 (8-bit integers), q8_0 on avx2 and "" (16-bit), bf16 on every path. test_bounds
+    checks that paths sharing a name share their roundings."""
+    if fmt == "q4_1":
+        return "avx512vnni" if isa else ""
+    if fmt == "q8_0":
+        return "avx512vnni" if isa == "avx512vnni" else "avx2"
+    return ""
+
+
 def redraw_product(fmt: str, isa: str, generator: torch.Generator):
     """(x (..., N, in), w (out, in), w the fp32 weight) -> x @ w.T with the roundings weight format
     `fmt` makes on kernel path `isa` (format_roundings), each rounding of an activation or a result
@@ -451,8 +464,12 @@ class LogitBounds:
                                                          OTHER_KERNELS_ERROR_RATIO)
         self.fp32_pair = 2 * self.fp32_each
 
-    @functools.cache
     def runs(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """compute_runs, once for all the kernel paths that round alike (rounding_path)."""
+        return self.compute_runs(fmt, rounding_path(fmt, isa))
+
+    @functools.cache
+    def compute_runs(self, fmt: str, isa: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """REDRAWS float32 runs of the network with every activation rounding of format `fmt` on
         kernel path `isa` redrawn (one batch, a fixed seed), summed up: (mean, s) (T, V) float64,
         the sample mean and standard deviation of each logit's error against `exact`; and each

@@ -171,7 +171,7 @@ def logit_bounds(smollm_loaded, tmp_path_factory):
     `.bound(fmt, isa)` bounds |engine logit - transformers' fp32 logit| per weight format, derived
     against float64 (tests/bounds.py), for test_parity and the widgets that compare with transformers.
     In an xdist run, a format's redraws (a minute of work) are computed by one process and read
-    by the others (shared_redraws)."""
+    by the others (shared_redraws), once for the kernel paths that round alike (bounds.rounding_path)."""
     from bounds import REFERENCE_PROMPT, LogitBounds
 
     from core.model.model import Transformer
@@ -186,27 +186,27 @@ def logit_bounds(smollm_loaded, tmp_path_factory):
 
 
 def shared_redraws(bounds, folder: Path) -> None:
-    """bounds.redrawn(fmt, isa), computed once for all of this run's xdist processes (they share
-    the run's base temporary folder; `folder` is named by the run, so a run never reads an older
-    run's files, even with a fixed --basetemp): the first to ask computes it under a file lock
-    and saves it; a process asking while it computes waits for the lock, then reads. The same
-    function of the same model and tokens with a fixed seed: each process would compute the
-    same tensors."""
+    """bounds.compute_runs(fmt, isa) (the redraws and their quality figures), computed once for all
+    of this run's xdist processes (they share the run's base temporary folder; `folder` is named
+    by the run, so a run never reads an older run's files, even with a fixed --basetemp): the
+    first to ask computes it under a file lock and saves it; a process asking while it computes
+    waits for the lock, then reads. The same function of the same model and tokens with a fixed
+    seed: each process would compute the same tensors."""
     import functools
 
     import torch
     from filelock import FileLock
     folder.mkdir(exist_ok=True)
-    compute = bounds.redrawn
+    compute = bounds.compute_runs
 
     @functools.cache
-    def redrawn(fmt: str, isa: str):
+    def compute_runs(fmt: str, isa: str):
         path = folder / f"{fmt}-{isa or 'torch'}.pt"
         with FileLock(str(path) + ".lock"):
             if not path.exists():
                 torch.save(compute(fmt, isa), path)
             return torch.load(path)
-    bounds.redrawn = redrawn
+    bounds.compute_runs = compute_runs
 
 
 # ---- a live server for the websocket tests ---------------------------------------------------
