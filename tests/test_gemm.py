@@ -5,7 +5,7 @@ PyTorch's plain one; the Q4_1 and Q8_0 packings stand for the same weights."""
 import pytest
 import torch
 
-from bounds import INT8_MAX, INT16_MAX, U_BF16, fp32_dot_bound, rounded_to
+from bounds import INT8_MAX, INT16_MAX, U_BF16, format_roundings, fp32_dot_bound, rounded_to
 from kernel_paths import NATIVE, PATHS, kernel_path, use_path  # noqa: F401 (kernel_path: a fixture)
 from core.config import WeightFormat
 from core.errors import InvalidParameter
@@ -426,3 +426,20 @@ def test_q8_0_takes_its_own_kernel_or_the_plain_halves_only():
     with pytest.raises(InvalidParameter, match="product"):
         PackedQ8_0(torch.ones(32, 64), product="onednn")
     assert not PackedQ8_0(torch.ones(32, 64), product="plain").prepacked
+
+
+@pytest.mark.parametrize("fmt,product,path", PRODUCTS)
+def test_a_product_says_how_it_rounds_its_activations(fmt, product, path, monkeypatch):
+    """activation_rounding (what the pages say beside a format) is what the bounds here take the
+    product to do: the 8-bit or 16-bit step of q8_0_top for the engine's Q8_0 kernel, 8-bit
+    integers for its Q4_1 kernel on either instruction set, bf16 for PyTorch's int4 kernel and bf16
+    weights, nothing for fp32 (bounds.format_roundings, whose x_kind the redraws use)."""
+    use_path(path, monkeypatch)
+    layer = PackedLinear(fmt, torch.randn(96, 64) / 8, product=product)
+    if fmt == "fp32":
+        want = "none"
+    elif fmt == "q8_0":
+        want = {INT8_MAX: "int8", INT16_MAX: "int16"}[q8_0_top()] if product is OWN else "bf16"
+    else:
+        want = format_roundings(fmt, q4_kernel_isa() if product is OWN else "")[1]
+    assert layer.activation_rounding == want

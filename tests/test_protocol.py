@@ -190,6 +190,10 @@ def test_hello_comes_first_and_describes_the_model(live_server, ws):
     assert h["num_kv_heads"] == mc.num_kv_heads and h["head_dim"] == mc.head_dim
     assert h["context_window"] == mc.max_position_embeddings == 2048
     assert h["block_size"] == 16
+    # how the serving products round activations: each linear layer's own kernel says the same
+    from core.model.model import Linear
+    kernels = [m.kernel for m in live_server.runtime.engine.view.model.modules() if isinstance(m, Linear) and m.kernel]
+    assert kernels and {k.activation_rounding for k in kernels} == {h["activation_rounding"]}
     limits = h["limits"]
     assert limits["max_tokens_limit"] == 64 and limits["default_max_tokens"] == 16
     assert limits["max_inspect_tokens"] == 64

@@ -80,6 +80,7 @@ class EngineView:
             "enable_chunked_prefill": cfg.enable_chunked_prefill,
             "kv_bytes_per_token": mc.kv_values_per_token * BYTES_PER_VALUE,
             "weight_format": cfg.weight_format.value,
+            "activation_rounding": self.model.activation_rounding(),
             "num_params": sum(p.numel() for p in self.model.parameters()),
         }
 

@@ -71,6 +71,15 @@ class Product(str, Enum):
     PLAIN = "plain"      # PyTorch's plain product (MKL sgemm, padded; bf16; the int4 kernel for q4_1)
 
 
+class ActivationRounding(str, Enum):
+    """How a product rounds the activations it multiplies (the pages say it beside the format)."""
+    NONE = "none"        # kept in fp32
+    BF16 = "bf16"        # to bfloat16
+    INT8 = "int8"        # to 8-bit integers times a scale per group of 32 (llama.cpp's rounding)
+    INT16 = "int16"      # to 16-bit integers times a scale per group of 32
+    MIXED = "mixed"      # a model's layers round in more than one of these ways
+
+
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """x (N, in) with zero rows appended up to a whole, non-zero number of `multiple`-row panels."""
     n = x.shape[0]
@@ -264,6 +273,15 @@ class PackedQ8_0:
         """Bytes a product reads from memory for the weight."""
         return sum(t.nbytes for t in self.tensors)
 
+    @property
+    def activation_rounding(self) -> str:
+        """ActivationRounding of this product: the engine's kernel rounds to 8-bit integers per
+        group of 32 with AVX-512 VNNI and to 16-bit ones with AVX2; PyTorch's int4 kernel takes bf16."""
+        if not self.prepacked:
+            return ActivationRounding.BF16.value
+        vnni = q4_kernel_isa() == "avx512vnni"
+        return (ActivationRounding.INT8 if vnni else ActivationRounding.INT16).value
+
     def __call__(self, x):  # (N, in) -> (N, out): fp32 from the kernel, bfloat16 from the halves
         if self.prepacked:
             return self.q8.q8_matmul(x, *self.tensors)
@@ -338,6 +356,18 @@ class PackedLinear:
     def prepacked(self) -> bool:
         """Whether the weight is laid out for a faster product than PyTorch's plain one."""
         return self.product is not Product.PLAIN
+
+    @property
+    def activation_rounding(self) -> str:
+        """ActivationRounding of this product's input: fp32 keeps it; bf16, and q4_1 on PyTorch's
+        int4 kernel, round it to bf16; q4_1 on the engine's kernel to 8-bit integers per group of
+        32 (both instruction sets); q8_0 as PackedQ8_0 says."""
+        if self.format is WeightFormat.Q8_0:
+            return self.q8.activation_rounding
+        if self.format is WeightFormat.Q4_1:
+            own = self.product is Product.OWN
+            return (ActivationRounding.INT8 if own else ActivationRounding.BF16).value
+        return (ActivationRounding.NONE if self.format is WeightFormat.FP32 else ActivationRounding.BF16).value
 
     @property
     def min_rows(self) -> int:

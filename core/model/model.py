@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from core.config import ModelConfig, WeightFormat
 from core.model.attention import FULL, Eviction, PagedBatch, causal_attention, paged_attention
-from core.model.linear import PackedLinear, PackedQ8_0, Product, linear
+from core.model.linear import ActivationRounding, PackedLinear, PackedQ8_0, Product, linear
 from core.model.moe import Experts, MoEMLP
 
 
@@ -206,6 +206,13 @@ class Transformer(nn.Module):
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         head = self.embed_tokens.weight.nbytes if self.lm_head is None else self.lm_head.nbytes
         return sum(m.kernel.nbytes if m.kernel else m.weight.nbytes for m in linears) + head
+
+    def activation_rounding(self) -> str:
+        """How the linear layers' products round their activations (linear.ActivationRounding):
+        the one way they all share, "mixed" where layers differ (a width the kernels cannot take)."""
+        kinds = {m.kernel.activation_rounding if m.kernel else ActivationRounding.NONE.value
+                 for m in self.modules() if isinstance(m, Linear)}
+        return kinds.pop() if len(kinds) == 1 else ActivationRounding.MIXED.value
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None, eviction: Eviction = FULL):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized. Without a batch,

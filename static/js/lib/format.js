@@ -39,11 +39,26 @@ export function visibleWhitespace(text) {
 export const WEIGHT_FORMATS = {
   fp32: "the linear layers in fp32, 4 bytes a weight",
   bf16: "the linear layers in bf16, 2 bytes a weight",
-  q8_0: "the linear layers in 8-bit q8_0, a byte a weight and an fp16 scale per 32, the activations rounded to integers per 32",
-  q4_1: "the linear layers in 4-bit q4_1, the model file's own format: about 0.6 bytes a weight with its scales, "
-    + "the activations rounded to 8-bit integers per 32 as llama.cpp does",
+  q8_0: "the linear layers in 8-bit q8_0, a byte a weight and an fp16 scale per 32",
+  q4_1: "the linear layers in 4-bit q4_1, the model file's own format: about 0.6 bytes a weight with its scales",
 };
 
-export function weightFormat(name) {
-  return WEIGHT_FORMATS[name] || `the weights in ${name}`;
+// How the products round their activations on this machine (core/model/linear.py:
+// ActivationRounding), as the engine reports it; fp32's "none" and bf16's own rounding go unsaid.
+export const ACTIVATION_ROUNDINGS = {
+  int8: "the activations rounded to 8-bit integers per 32 as llama.cpp does",
+  int16: "the activations rounded to 16-bit integers per 32",
+  bf16: "the activations rounded to bf16",
+  mixed: "the activations rounded in more than one way, layer by layer",
+};
+
+export function activationRounding(format, rounding) {
+  return format === "fp32" || format === "bf16" ? "" : ACTIVATION_ROUNDINGS[rounding] || "";
+}
+
+// A weight format in words, with how its products round the activations where the engine said so.
+export function weightFormat(name, rounding) {
+  const base = WEIGHT_FORMATS[name] || `the weights in ${name}`;
+  const how = activationRounding(name, rounding);
+  return how ? `${base}, ${how}` : base;
 }

@@ -5,7 +5,7 @@
 
 import { el, pressable, scrollBox } from "../lib/dom.js";
 import { figure } from "../lib/figures.js";
-import { fmtBytes, fmtNum, fmtPct, visibleWhitespace } from "../lib/format.js";
+import { activationRounding, fmtBytes, fmtNum, fmtPct, visibleWhitespace } from "../lib/format.js";
 import { jobRunner, percent } from "../lib/job.js";
 import { measuredAt, measuring, progressLine, threadsOn, view } from "../lib/measure.js";
 import { tokenChips } from "../lib/tokens.js";
@@ -15,9 +15,15 @@ const FORMATS = ["fp32", "bf16", "q8_0", "q4_1"];
 const FORMAT_WORDS = {
   fp32: "fp32: 4 bytes a weight, the reference",
   bf16: "bf16: 2 bytes a weight, fp32's exponent with 8 bits of mantissa",
-  q8_0: "q8_0: 8-bit integers, one fp16 scale per 32 weights; the activations rounded to 8-bit (AVX-512 VNNI) or 16-bit integers per 32",
-  q4_1: "q4_1: 4-bit integers, a scale and a minimum per 32 (the model file's own); the activations rounded to 8-bit integers per 32",
+  q8_0: "q8_0: 8-bit integers, one fp16 scale per 32 weights",
+  q4_1: "q4_1: 4-bit integers, a scale and a minimum per 32 (the model file's own)",
 };
+
+// A row's heading tooltip: the format in words, and how its products rounded the activations here.
+function formatWords(row) {
+  const how = activationRounding(row.format, row.activation_rounding);
+  return how ? `${FORMAT_WORDS[row.format]}; ${how}` : FORMAT_WORDS[row.format];
+}
 
 // Options from the URL (docs/widgets.md).
 const OPTIONS = {
@@ -69,7 +75,7 @@ function formatRow(r, row) {
   });
   const served = row.format === r.serving_format;
   return el("tr", { class: served ? "quant-served" : null }, [
-    el("th", { scope: "row", title: FORMAT_WORDS[row.format], text: served ? `${row.format} (served)` : row.format }), ...cells]);
+    el("th", { scope: "row", title: formatWords(row), text: served ? `${row.format} (served)` : row.format }), ...cells]);
 }
 
 function servingText(r) {
