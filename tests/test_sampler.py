@@ -113,6 +113,25 @@ def test_per_row_parameters():
     assert torch.isfinite(out[1]).sum() == need
 
 
+def test_a_row_is_filtered_the_same_alone_or_beside_any_others():
+    """Batch invariance: rows of every kind (top-k alone, top-p alone, both, neither, k above the
+    vocabulary) in one call, in two orders, give each row exactly the bits it gets alone."""
+    g = torch.Generator().manual_seed(11)
+    V = 49152                                              # SmolLM2's vocabulary
+    logits = torch.randn(7, V, generator=g) * 4
+    temperature = torch.tensor([1.0, 0.7, 1.3, 1.0, 0.9, 1.0, 0.5])
+    top_k = torch.tensor([50, 0, 50, 0, 7, V + 3, 50])
+    top_p = torch.tensor([1.0, 0.9, 0.95, 1.0, 0.5, 0.8, 1.0])
+    together = filter_logits(logits, temperature, top_k, top_p)
+    alone = torch.cat([filter_logits(logits[i:i + 1], temperature[i:i + 1], top_k[i:i + 1], top_p[i:i + 1])
+                       for i in range(7)])
+    assert torch.equal(together, alone)
+    flip = torch.arange(6, -1, -1)
+    assert torch.equal(filter_logits(logits[flip], temperature[flip], top_k[flip], top_p[flip]), together[flip])
+    assert torch.isfinite(together[0]).sum() == 50 and torch.isfinite(together[6]).sum() == 50
+    assert torch.equal(together[3], logits[3] / temperature[3])                 # no filter: untouched
+
+
 # -- the sampler -------------------------------------------------------------------------------
 
 def test_temperature_zero_is_argmax():
