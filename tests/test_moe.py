@@ -176,3 +176,8 @@ def test_the_moe_model_is_batch_invariant_in_every_format(moe_loaded, weight_for
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     prompts = ["Hello there", "The sky is"]
     assert [o.token_ids for o in llm.generate(prompts, params)] == [llm.generate(p, params)[0].token_ids for p in prompts]
+    # the rounding the pages name is every product's, the experts' included
+    from core.model.moe import Experts
+    model = llm.engine.view.model
+    experts = [k.activation_rounding for m in model.modules() if isinstance(m, Experts) for pair in m.kernels for k in pair]
+    assert experts and set(experts) == {model.activation_rounding()} == {llm.engine.view.info()["activation_rounding"]}

@@ -210,8 +210,11 @@ class Transformer(nn.Module):
     def activation_rounding(self) -> str:
         """How the linear layers' products round their activations (linear.ActivationRounding):
         the one way they all share, "mixed" where layers differ (a width the kernels cannot take)."""
-        kinds = {m.kernel.activation_rounding if m.kernel else ActivationRounding.NONE.value
-                 for m in self.modules() if isinstance(m, Linear)}
+        none = ActivationRounding.NONE.value
+        kinds = {m.kernel.activation_rounding if m.kernel else none for m in self.modules() if isinstance(m, Linear)}
+        for m in self.modules():                                  # an MoE layer's experts
+            if isinstance(m, Experts):
+                kinds |= {k.activation_rounding for pair in m.kernels for k in pair} if m.kernels else {none}
         return kinds.pop() if len(kinds) == 1 else ActivationRounding.MIXED.value
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None, eviction: Eviction = FULL):
