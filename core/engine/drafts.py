@@ -23,7 +23,7 @@ import torch
 
 from core.errors import InvalidParameter
 from core.model.native_decoder import native_decoder
-from core.model.sampler import filter_logits
+from core.model.sampler import draw, filter_logits
 
 NGRAM_MAX = 3  # the longest context suffix prompt lookup matches
 NGRAM_MIN = 1  # the shortest
@@ -122,7 +122,7 @@ def pick(logits: torch.Tensor, params, generator) -> tuple[int, torch.Tensor | N
     q = filtered_probs(logits[None], params)[0]                                 # (V,)
     if not bool(torch.isfinite(q).all()):
         return int(logits.argmax()), None
-    return int(torch.multinomial(q, 1, generator=generator)[0]), q
+    return draw(q, generator), q
 
 
 def filtered_probs(logits: torch.Tensor, params) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 
 from core.engine.drafts import Draft, LayerDraft, filtered_probs, ngram_propose, self_draft_layers
 from core.engine.sampling_params import Speculation
+from core.model.sampler import draw
 
 
 class Speculator:
@@ -150,5 +151,5 @@ def verify(logits: torch.Tensor, draft: Draft, params, generator) -> tuple[int, 
             residual = (p[i] - draft.q[i]).clamp_min(0.0)
         if float(residual.sum()) <= 0.0:         # p <= q everywhere yet x rejected: only by rounding
             residual = p[i]
-        return i, int(torch.multinomial(residual, 1, generator=generator)[0])
-    return d, int(torch.multinomial(p[d], 1, generator=generator)[0])
+        return i, draw(residual, generator)
+    return d, draw(p[d], generator)

@@ -57,6 +57,19 @@ def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     return filtered
 
 
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One index drawn with probability proportional to weights (V,), >= 0, not all 0: inverse
+    transform sampling, one uniform from the generator against the float64 running sum. The same
+    law as torch.multinomial(weights, 1), in one cumulative sum and one binary search, where
+    multinomial's own path over a whole vocabulary is far slower (a step draws for every sampled
+    request). An index of weight 0 is never drawn: the running sum does not grow there."""
+    total = weights.double().cumsum(0)                                         # (V,)
+    if not float(total[-1]) > 0.0:
+        raise ValueError("weights: every weight is 0, or one is not finite: nothing to draw")
+    u = torch.rand((), generator=generator, dtype=torch.float64) * total[-1]  # in [0, total)
+    return int(torch.searchsorted(total, u, right=True))                      # the first sum above u
+
+
 class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, params: list,
@@ -76,7 +89,7 @@ class Sampler:
             final_probs = filtered.softmax(dim=-1)                            # (n, V)
             for j, i in enumerate(sampled):
                 if bool(torch.isfinite(final_probs[j]).all()):
-                    tokens[i] = torch.multinomial(final_probs[j], 1, generator=generators[i])[0]
+                    tokens[i] = draw(final_probs[j], generators[i])
                 # else: the logits overflowed; keep the argmax rather than fail the whole step
         candidates = [None] * N
         wanted = [i for i, p in enumerate(params) if p.top_candidates]
