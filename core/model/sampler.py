@@ -66,7 +66,8 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     total = weights.double().cumsum(0)                                         # (V,)
     if not float(total[-1]) > 0.0:
         raise ValueError("weights: every weight is 0, or one is not finite: nothing to draw")
-    u = torch.rand((), generator=generator, dtype=torch.float64) * total[-1]  # in [0, total)
+    # u in [0, total): a uniform is at most 1 - 2^-53, and that times any float64 rounds below it
+    u = torch.rand((), generator=generator, dtype=torch.float64) * total[-1]
     return int(torch.searchsorted(total, u, right=True))                      # the first sum above u
 
 
