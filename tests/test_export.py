@@ -8,6 +8,7 @@ error; a reader's own text says it needs the live server; "Run it live" (?server
 live on the live server, whose allowed_origins admit the export's origin.
 """
 
+import contextlib
 import io
 import json
 import subprocess
@@ -35,13 +36,9 @@ def recording_server(tiny_loaded):
     yield from serve_app({"model": "tiny", "testing": True}, tiny_loaded)
 
 
-@pytest.fixture(scope="module")
-def exported(recording_server, browser, tmp_path_factory):
-    from app.export import export
-    out = tmp_path_factory.mktemp("export")
-    log = io.StringIO()
-    recordings = export(out, app=recording_server.app, base=recording_server.http, names=WIDGETS, log=log,
-                        browser=browser)
+@contextlib.contextmanager
+def static_host(out):
+    """`python -m http.server` serving the folder `out` on a free loopback port: its base URL."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "-d", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -53,10 +50,21 @@ def exported(recording_server, browser, tmp_path_factory):
                 break
             except OSError:
                 time.sleep(0.05)
-        yield SimpleNamespace(out=out, base=base, recordings=recordings, log=log.getvalue())
+        yield base
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def exported(recording_server, browser, tmp_path_factory):
+    from app.export import export
+    out = tmp_path_factory.mktemp("export")
+    log = io.StringIO()
+    recordings = export(out, app=recording_server.app, base=recording_server.http, names=WIDGETS, log=log,
+                        browser=browser)
+    with static_host(out) as base:
+        yield SimpleNamespace(out=out, base=base, recordings=recordings, log=log.getvalue())
 
 
 class StaticPage:
@@ -83,10 +91,11 @@ class StaticPage:
 
 
 @pytest.fixture
-def static_page(browser, exported, live_server):
+def static_page(browser, exported):
+    """A page that may reach the export only (a test that runs it live adds the live server)."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     try:
-        yield StaticPage(context, [exported.base, live_server.http])
+        yield StaticPage(context, [exported.base])
     finally:
         context.close()
 
@@ -158,6 +167,7 @@ def test_a_readers_own_text_needs_the_live_server(static_page, exported, artifac
 def test_run_it_live_turns_a_widget_live(static_page, exported, live_server, artifacts_dir):
     origins = live_server.app.extensions["sendlens_allowed_origins"]
     origins.add(exported.base)   # the live server's own rule: the export's origin may open its socket
+    static_page.origins.append(live_server.http)
     try:
         page = static_page.page
         page.goto(f"{exported.base}/embed/tokenizer/index.html?server={live_server.http}")
@@ -180,6 +190,7 @@ def test_run_it_live_turns_a_widget_live(static_page, exported, live_server, art
 
 def test_run_it_live_on_a_server_that_refuses_the_origin_goes_back_to_the_recording(static_page, exported,
                                                                                      live_server):
+    static_page.origins.append(live_server.http)
     page = static_page.page
     page.goto(f"{exported.base}/embed/tokenizer/index.html?server={live_server.http}")
     page.wait_for_selector('[data-widget="tokenizer"][data-state="ready"]')
@@ -188,3 +199,35 @@ def test_run_it_live_on_a_server_that_refuses_the_origin_goes_back_to_the_record
                            '[data-source="recording"][data-state="ready"]')
     assert page.locator("button.run-live").count() == 1
     static_page.errors.clear()   # Chromium logs the refused handshake (403) itself
+
+
+def test_an_export_is_reproducible_and_its_server_runs_it_live(exported, recording_server, browser, live_server,
+                                                               tmp_path, artifacts_dir):
+    """Recorded again from the same commit, model and machine, an export's recordings are the same
+    but for their date (a widget that measures time would differ in its timings too: these two
+    measure none). Exported with `server`, a page offers Run it live on that server with no ?server=."""
+    from app.export import export
+    names = ["tokenizer", "embedding"]
+    again = export(tmp_path, app=recording_server.app, base=recording_server.http, names=names,
+                   server=live_server.http, log=io.StringIO(), browser=browser)
+    first = {(r["widget"], json.dumps(r["options"], sort_keys=True)): r for r in exported.recordings}
+    assert again and {r["widget"] for r in again} == set(names)
+    for r in again:
+        before = first[(r["widget"], json.dumps(r["options"], sort_keys=True))]
+        assert {k: v for k, v in r.items() if k != "date"} == {k: v for k, v in before.items() if k != "date"}, r["widget"]
+    origins = live_server.app.extensions["sendlens_allowed_origins"]
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    with static_host(tmp_path) as base:
+        origins.add(base)
+        try:
+            static = StaticPage(context, [base, live_server.http])
+            page = static.page
+            page.goto(f"{base}/embed/tokenizer/index.html")
+            page.wait_for_selector('[data-widget="tokenizer"][data-source="recording"][data-state="ready"]')
+            page.click("button.run-live")
+            page.wait_for_selector('[data-widget="tokenizer"][data-source="live"][data-state="ready"]')
+            assert static.sockets == [live_server.ws]
+            assert static.errors == [] and static.blocked == []
+        finally:
+            origins.discard(base)
+            context.close()

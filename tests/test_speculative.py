@@ -4,7 +4,8 @@
   batch beside plain requests (whose own tokens and probabilities stay bit for bit the same).
 - Sampling: the rejection rule keeps the model's distribution. Chi-square goodness-of-fit tests at
   a significance of ALPHA = 1e-3 (a correct rule fails one run in a thousand): on the rule itself
-  (speculative.verify) with a point-mass draft and with a drawn one, and through the engine on the
+  (speculative.verify) with a point-mass draft and with a drawn one, for one draft token and for the
+  first three tokens of two (a rejection at the second position, the extra token), and through the engine on the
   tiny model with top_k = TOP_K, on the joint distribution of the first two generated tokens.
 - KV blocks: none leak after rejections, preemption or abort; block tables and reference counts
   agree after every step.
@@ -302,6 +303,49 @@ def test_the_rejection_rule_keeps_the_target_distribution(one_thread, point_mass
     assert 0 < kept < N
     assert chi_square_p(counts[:6], [N * pi for pi in p[:6]]) > ALPHA
 
+
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_the_rejection_rule_keeps_the_joint_distribution_past_the_first_draft_token(one_thread, point_mass):
+    """verify() with two draft tokens on a small model of its own (each position's logits depend on
+    the tokens before it), many seeds: the first three tokens emitted, (y0, y1, y2), are distributed
+    as the model's p0(y0) p1(y1 | y0) p2(y2 | y0, y1). This reaches what one draft token cannot: a
+    rejection at the second draft position (its correction drawn from p1's residual given the kept
+    first token), and the extra token drawn from p2 when both are kept. Tokens the pass does not
+    emit come from the next passes, drawn from the model as plain sampling does (sampler.draw)."""
+    from core.model.sampler import draw
+    V, N, T = 4, 30000, 0.8
+    g = torch.Generator().manual_seed(1234)
+    L0 = torch.randn(V, generator=g)                                        # the model: logits at each position
+    L1 = torch.randn(V, V, generator=g)                                     # [y0]
+    L2 = torch.randn(V, V, V, generator=g)                                  # [y0, y1]
+    Q0 = torch.softmax(torch.randn(V, generator=g), -1)                     # a drawn draft with its own mind
+    Q1 = torch.softmax(torch.randn(V, V, generator=g), -1)
+    params = SamplingParams(temperature=T)
+
+    def p(logits):
+        return torch.softmax(logits.double() / T, -1)
+
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    kept = collections.Counter()
+    for seed in range(N):
+        gen = torch.Generator().manual_seed(seed)
+        if point_mass:
+            x0, x1 = seed % V, (seed // V) % V                              # proposals of every kind
+            draft = Draft([x0, x1])
+        else:
+            x0 = draw(Q0, gen)
+            x1 = draw(Q1[x0], gen)
+            draft = Draft([x0, x1], torch.stack([Q0, Q1[x0]]))
+        logits = torch.stack([L0, L1[x0], L2[x0, x1]])                      # (d + 1 = 3, V)
+        accepted, token = verify(logits, draft, params, gen)
+        kept[accepted] += 1
+        ys = draft.tokens[:accepted] + [token]
+        while len(ys) < 3:                                                  # the next passes
+            ys.append(draw(p(L1[ys[0]] if len(ys) == 1 else L2[ys[0], ys[1]]), gen))
+        counts[ys[0], ys[1], ys[2]] += 1
+    assert set(kept) == {0, 1, 2}, kept                                     # every case was reached
+    expected = p(L0)[:, None, None] * p(L1)[:, :, None] * p(L2)             # (V, V, V)
+    assert chi_square_p(counts.flatten().tolist(), (N * expected).flatten().tolist()) > ALPHA
 
 def next_token_distribution(engine, ids) -> dict[int, float]:
     """The model's sampling distribution after ids under the test's params (temperature 1, top_k =

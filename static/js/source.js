@@ -62,11 +62,15 @@ function setBar(root, parts) {
 // A recording's "live" and "measured" badges say where and when instead (badges drawn later too).
 function markBadges(root, recording) {
   const text = recordedOn(recording);
+  const cut = text.lastIndexOf(", ");               // the date never breaks at its hyphens
   const mark = () => {
     for (const b of root.querySelectorAll(".badge-live:not([data-recorded]), .badge-measured:not([data-recorded])")) {
       b.dataset.recorded = "";
       b.title = `${b.textContent}: ${text}`;
-      b.textContent = text;
+      const date = document.createElement("span");
+      date.className = "badge-date";
+      date.textContent = text.slice(cut + 2);
+      b.replaceChildren(text.slice(0, cut + 2), date);
     }
   };
   mark();
