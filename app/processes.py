@@ -2,8 +2,9 @@
 
 The job starts a WorkerGroup through the slice helpers, so the engine loop is never held while
 the processes start or compute: each slice waits at most a poll, and not at all while a chat is
-being served. While it waits it reports progress in words (spawning the processes, importing
-torch and loading the model take a few seconds before any measurement starts). However the job
+being served. While it waits it reports progress in words (starting the processes and loading
+the model take a few seconds before any measurement starts; the first job also starts the
+forkserver, which imports torch once for all of them). However the job
 ends, the group is closed in a `finally`: a finished job, a failed one, a job whose readers all
 left (the runner closes its generator) and a server that stops (JobRunner.close) alike leave no
 process behind; each worker also dies with the server (PR_SET_PDEATHSIG).
@@ -15,7 +16,7 @@ from core.parallel.workers import WorkerGroup, start_in_slices, wait_in_slices
 
 from .jobs import Progress
 
-STARTUP_S = 4.0       # about how long spawning, importing torch and loading the model take here
+STARTUP_S = 4.0       # about how long starting the workers and loading the model may take here
 
 
 def run_workers(engine, group: WorkerGroup, what: str, expected_s: float):
@@ -33,7 +34,7 @@ def run_workers(engine, group: WorkerGroup, what: str, expected_s: float):
                 return stop.value
             elapsed = time.monotonic() - started
             if elapsed < STARTUP_S:
-                note = f"starting {n} worker processes: spawn, import torch, load the model ({elapsed:.0f} s)"
+                note = f"starting {n} worker processes and loading the model ({elapsed:.0f} s)"
             else:
                 note = f"{what} ({elapsed:.0f} s)"
             yield Progress(min(elapsed, 0.95 * expected_s), expected_s, note)

@@ -359,28 +359,43 @@ def browser():
 
 
 class Page:
-    """A page whose console errors, page errors, websockets and outside requests are recorded."""
+    """A page whose console errors, page errors, websockets and outside requests are recorded:
+    a new page of `context` (its requests outside the server aborted), or with `tab`, a kept tab
+    (Tabs) reused as it is."""
 
-    def __init__(self, context, server):
+    def __init__(self, context, server, tab=None):
         self.server = server
         self.console_errors: list[str] = []
         self.page_errors: list[str] = []
         self.blocked: list[str] = []
         self.sockets: list[str] = []
-        context.route("**/*", self._route)
-        self.page = page = context.new_page()
-        page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
-        page.on("websocket", lambda ws: self.sockets.append(ws.url))
+        if tab is None:
+            context.route("**/*", self._route)
+            tab = context.new_page()
+        self.page = page = tab
+        self._listeners = [("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None),
+                           ("pageerror", lambda e: self.page_errors.append(str(e))),
+                           ("websocket", lambda ws: self.sockets.append(ws.url)),
+                           ("request", lambda r: None if self._ours(r.url) else self.blocked.append(r.url))]
+        for event, listener in self._listeners:
+            page.on(event, listener)
         page.set_default_timeout(30_000)
+
+    def _ours(self, url: str) -> bool:
+        return (url == self.server.base or url.startswith(self.server.base + "/")
+                or url.startswith(("data:", "blob:", "about:")))
 
     def _route(self, route):
         url = route.request.url
         if url == self.server.base or url.startswith(self.server.base + "/"):
             route.continue_()
         else:
-            self.blocked.append(url)
-            route.abort()
+            route.abort()   # the request listener records it
+
+    def detach(self) -> None:
+        """Stop recording (a kept tab goes on to the next test)."""
+        for event, listener in self._listeners:
+            self.page.remove_listener(event, listener)
 
     def goto(self, path: str):
         return self.page.goto(self.server.base + path)
@@ -395,13 +410,67 @@ class Page:
         assert not BAD_WORDS.search(text), BAD_WORDS.search(text).group(0)
 
 
+CLEARED = "local_storage,indexeddb,cookies,service_workers,cache_storage,websql"   # CDP Storage types
+VIEWPORT = {"width": 1280, "height": 900}
+
+
+class Tabs:
+    """Browser tabs kept for the session, one per server and CSP rule, each reused test after
+    test. Chromium keeps a tab's renderer process across navigations within one site, and with it
+    the JavaScript the process has compiled: plotly.js above all, which a fresh context compiles
+    again (a widget page with a plot costs Chromium about a quarter of its CPU in a kept tab).
+    Between tests the tab goes to the server's /healthz (the same site, so the process stays; the
+    old page ends, with its sockets and workers), the origin's storage is cleared (localStorage,
+    IndexedDB, cookies, service workers, the Cache API; this app keeps nothing in sessionStorage),
+    and the viewport and the emulated media are set as a new context would have them. A test that
+    needs a context of its own (a fake clock, listeners of its own) is marked `fresh_page`."""
+
+    def __init__(self, browser):
+        self.browser, self.kept = browser, {}
+
+    def page(self, server, viewport=None, bypass_csp: bool = False, color_scheme: str = "light",
+             reduced_motion: str = "no-preference") -> Page:
+        key = (server.base, bypass_csp)
+        if key in self.kept and self.kept[key][1].is_closed():
+            self.kept.pop(key)[0].close()
+        if key not in self.kept:
+            context = self.browser.new_context(viewport=VIEWPORT, bypass_csp=bypass_csp)
+            tab = context.new_page()
+            self.kept[key] = (context, tab, context.new_cdp_session(tab))
+        context, tab, cdp = self.kept[key]
+        tab.goto(server.base + "/healthz")
+        cdp.send("Storage.clearDataForOrigin", {"origin": server.base, "storageTypes": CLEARED})
+        context.clear_cookies()
+        tab.set_viewport_size(viewport or VIEWPORT)
+        tab.emulate_media(media="screen", color_scheme=color_scheme, reduced_motion=reduced_motion)
+        return Page(context, server, tab=tab)
+
+    def close(self) -> None:
+        for context, _, _ in self.kept.values():
+            context.close()
+
+
+@pytest.fixture(scope="session")
+def tabs(browser):
+    kept = Tabs(browser)
+    yield kept
+    kept.close()
+
+
 @pytest.fixture
-def pg(browser, server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+def pg(request, tabs, browser, server):
+    if request.node.get_closest_marker("fresh_page"):
+        context = browser.new_context(viewport=VIEWPORT)
+        try:
+            yield Page(context, server)
+        finally:
+            context.close()
+        return
+    page = tabs.page(server)
     try:
-        yield Page(context, server)
+        yield page
     finally:
-        context.close()
+        page.detach()
 
 
 def wait_ready(page, selector: str, timeout: float = 60_000):
@@ -490,10 +559,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+FORKSERVER = "multiprocessing.forkserver"   # in the command line of the forkserver and of what it forks
+
+
 def worker_processes(root: int) -> list[int]:
-    """Live descendants of process `root` started by multiprocessing's spawn (WorkerGroup's
-    workers; its resource tracker is not one of them), found by scanning /proc."""
+    """Live descendants of process `root` that are worker processes, found by scanning /proc:
+    WorkerGroup's workers, forked by multiprocessing's forkserver (a child of a forkserver; the
+    forkserver itself, which stays for the next group, and the resource tracker are not workers),
+    and any process started by multiprocessing's spawn."""
     children: dict[int, list[int]] = {}
+    parent: dict[int, int] = {}
     cmdlines: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -508,11 +583,13 @@ def worker_processes(root: int) -> list[int]:
         if stat[0] == "Z":
             continue
         children.setdefault(int(stat[1]), []).append(int(entry))
+        parent[int(entry)] = int(stat[1])
         cmdlines[int(entry)] = cmdline
     found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        if "spawn_main" in cmdlines.get(pid, ""):
+        if "spawn_main" in cmdlines.get(pid, "") or (FORKSERVER in cmdlines.get(pid, "")
+                                                      and FORKSERVER in cmdlines.get(parent.get(pid), "")):
             found.append(pid)
         todo.extend(children.get(pid, []))
     return sorted(found)

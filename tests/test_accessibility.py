@@ -14,7 +14,7 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 
 from app.widgets import BY_NAME
-from conftest import Page, wait_ready
+from conftest import wait_ready
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
@@ -26,17 +26,20 @@ STEP = '[data-widget="generation"] button.gen-step'
 
 
 @pytest.fixture
-def page_for(browser, server):
-    """page_for(**context options) -> a recorded Page (conftest.Page) whose context bypasses the CSP."""
-    contexts = []
+def page_for(tabs, server):
+    """page_for(viewport=, color_scheme=) -> a recorded Page (conftest.Page) of the session's kept
+    tab whose context bypasses the CSP (axe is injected as a script); a second call goes on in
+    the same tab, as the first page's test is done with it."""
+    pages = []
 
     def make(**options):
-        context = browser.new_context(bypass_csp=True, **{"viewport": {"width": 1280, "height": 900}, **options})
-        contexts.append(context)
-        return Page(context, server)
+        if pages:
+            pages[-1].detach()
+        pages.append(tabs.page(server, bypass_csp=True, **options))
+        return pages[-1]
     yield make
-    for context in contexts:
-        context.close()
+    if pages:
+        pages[-1].detach()
 
 
 def audit(page, name: str, artifacts_dir, options=None) -> list[str]:

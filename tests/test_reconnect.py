@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.widgets import BY_NAME
-from conftest import Page, serve_app, wait_ready
+from conftest import serve_app, wait_ready
 
 pytestmark = pytest.mark.browser
 
@@ -32,13 +32,22 @@ def tiny_server(tiny_loaded):
     yield from serve_app({"model": "tiny", "testing": True}, tiny_loaded)
 
 
+@pytest.fixture(scope="module")
+def watched(tabs, tiny_server):
+    """The tiny server, and the session's kept tab for it with WRAP_WEBSOCKET run before every
+    page of it (added once: init scripts stay with the tab)."""
+    server = SimpleNamespace(base=tiny_server.http, port=tiny_server.port)
+    page = tabs.page(server)
+    page.page.add_init_script(WRAP_WEBSOCKET)
+    page.detach()
+    return server
+
+
 @pytest.fixture
-def pg(browser, tiny_server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    try:
-        yield Page(context, SimpleNamespace(base=tiny_server.http, port=tiny_server.port))
-    finally:
-        context.close()
+def pg(tabs, watched):
+    page = tabs.page(watched)
+    yield page
+    page.detach()
 
 WRAP_WEBSOCKET = """
 (() => {
@@ -71,7 +80,6 @@ def requests_sent(page, index: int) -> int:
 @pytest.mark.parametrize("name", NAMES)
 def test_widget_comes_back_after_the_socket_drops(pg, name):
     page = pg.page
-    page.add_init_script(WRAP_WEBSOCKET)
     pg.goto(f"/embed/{name}")
     root = f'[data-widget="{name}"]'
     wait_ready(page, root, READY_MS)

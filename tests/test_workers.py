@@ -193,3 +193,36 @@ def test_workers_die_with_a_killed_parent():
     finally:
         parent.kill()
         parent.stdout.close()
+
+
+def test_the_first_start_waits_for_the_forkserver_in_slices_not_in_one_call():
+    """In a fresh process the forkserver is not running: start_in_slices starts it from a thread of
+    its own and yields until it has imported torch and the engine (the first fork waits for that),
+    so a job's first group never holds the engine loop through those imports; the group then runs,
+    forked from it, and the forkserver stays for the next group while no worker is left."""
+    here = os.path.dirname(__file__)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {here!r})
+        from test_workers import add_ranks
+        from core.parallel import workers
+        assert not workers.forkserver_ready()
+        def drive(gen):
+            n = 0
+            while True:
+                try:
+                    next(gen)
+                    n += 1
+                except StopIteration as stop:
+                    return n, stop.value
+        g = workers.WorkerGroup(add_ranks, 2, (1,), timeout_s=60)
+        slices, _ = drive(workers.start_in_slices(g, None))
+        _, results = drive(workers.wait_in_slices(g, None))
+        g.close()
+        print(slices, workers.forkserver_ready(), [r["sum"] for r in results])
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(here))
+    assert out.returncode == 0, out.stderr
+    slices, ready, sums = out.stdout.split(maxsplit=2)
+    assert int(slices) >= 1 and ready == "True" and sums.strip() == "[3.0, 3.0]", out.stdout

@@ -79,11 +79,13 @@ def _record_in(browser, base: str, jobs: list[tuple[str, dict]], log, timeout_s:
         started = time.monotonic()
         waiting = list(enumerate(jobs, 1))
         open_: list[Recording] = []
+        tabs: list = []                  # free tabs: a tab's next widget reuses its compiled scripts
         while waiting or open_:
             while waiting and len(open_) < PAGES_AT_ONCE:
                 i, (widget, options) = waiting.pop(0)
                 print(f"[{i}/{len(jobs)}] recording {label_of(widget, options)} …", file=log, flush=True)
-                open_.append(Recording(context, base, i, widget, options, timeout_s))
+                tab = tabs.pop() if tabs else context.new_page()
+                open_.append(Recording(tab, base, i, widget, options, timeout_s))
             for rec in list(open_):
                 recording = rec.poll()
                 if outside:
@@ -91,6 +93,7 @@ def _record_in(browser, base: str, jobs: list[tuple[str, dict]], log, timeout_s:
                 if recording is None:
                     continue
                 open_.remove(rec)
+                tabs.append(rec.page)
                 done[rec.index] = recording
                 print(f"[{rec.index}/{len(jobs)}] {rec.label}: {len(recording['exchanges'])} exchange(s) in "
                       f"{time.monotonic() - rec.started:.1f} s", file=log, flush=True)
@@ -106,9 +109,11 @@ def label_of(widget: str, options: dict) -> str:
 
 
 class Recording:
-    """One widget's page, open while it records: poll() returns its recording once the widget is
-    ready, nothing is in flight and no exchange of a new key has ended for SETTLE_S (by the page's
-    own clock), else None. The page closes when it returns one or fails."""
+    """One widget's page, loaded in a browser tab, while it records: poll() returns its recording
+    once the widget is ready, nothing is in flight and no exchange of a new key has ended for
+    SETTLE_S (by the page's own clock), else None. The tab stops listening to the page once it
+    returns one or fails, and can load the next widget: Chromium keeps a tab's renderer process
+    within one site, and with it the scripts it compiled (plotly.js above all)."""
 
     READ = ("(name) => { const root = document.querySelector(`[data-widget=\"${name}\"]`);"
             " const t = (window.sendlensTaps || {})[name];"
@@ -117,31 +122,37 @@ class Recording:
             "  hello: t ? t.hello : null, exchanges: t ? t.exchanges() : [],"
             "  source: document.getElementById('sendlens-source')?.textContent }; }")
 
-    def __init__(self, context, base: str, index: int, widget: str, options: dict, timeout_s: float):
+    def __init__(self, page, base: str, index: int, widget: str, options: dict, timeout_s: float):
         self.index, self.widget, self.options = index, widget, options
         self.label = label_of(widget, options)
         self.started = time.monotonic()
         self.deadline = self.started + timeout_s
         self.timeout_s = timeout_s
         self.errors: list[str] = []
-        self.page = context.new_page()
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page = page
+        self._listeners = [("pageerror", lambda e: self.errors.append(str(e))),
+                           ("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)]
+        for event, listener in self._listeners:
+            page.on(event, listener)
         query = f"?{urlencode(options)}" if options else ""
         try:
-            self.page.goto(f"{base}/embed/{widget}{query}", wait_until="commit")
+            page.goto(f"{base}/embed/{widget}{query}", wait_until="commit")
         except Exception:
-            self.page.close()
+            self._stop()
             raise
+
+    def _stop(self) -> None:
+        for event, listener in self._listeners:
+            self.page.remove_listener(event, listener)
 
     def poll(self) -> dict | None:
         try:
             recording = self._check()
         except Exception:
-            self.page.close()
+            self._stop()
             raise
         if recording is not None:
-            self.page.close()
+            self._stop()
         return recording
 
     def _check(self) -> dict | None:

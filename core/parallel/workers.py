@@ -1,8 +1,11 @@
 """Worker processes in one torch.distributed group: the machinery under tensor, pipeline and
 expert parallelism (core/parallel/tensor_parallel.py, core/parallel/pipeline.py, core/parallel/expert_parallel.py).
 
-A WorkerGroup starts `world_size` fresh Python processes (multiprocessing's "spawn": a fork of a
-threaded server process could inherit held locks), joins them in one gloo process group
+A WorkerGroup starts `world_size` Python processes from multiprocessing's forkserver: a clean,
+single-threaded process started once (a fresh interpreter, as "spawn" starts one per worker), which
+imports torch and the engine once (PRELOAD) and forks each worker from there. A worker so starts
+in milliseconds instead of importing torch again, and never inherits the threaded server's held
+locks, as a plain fork of the server could. The group joins them in one gloo process group
 (torch.distributed's CPU backend) and runs one function in each, `target(rank, world_size, *args)`.
 Each rank's return value comes back to the parent. It is the same code torchrun runs across
 machines: the target only sees its rank and the group, so `python -m core.parallel.workers` style launchers
@@ -37,6 +40,7 @@ from datetime import timedelta
 from core.errors import InvalidParameter
 
 NICE = 10                 # workers' scheduling priority below the server's (0)
+PRELOAD = ["core", "torch.distributed"]   # imported once by the forkserver, not by every worker
 JOIN_S = 2.0              # how long close() waits for a terminated worker before SIGKILL
 REPORT_GRACE_S = 2.0      # a worker's reported failure waits this long for a peer's death to explain it
 
@@ -120,7 +124,7 @@ class WorkerGroup:
             if not self.budget.acquire(self.world_size, wait_s):
                 return False
             self._holding = True
-        ctx = mp.get_context("spawn")
+        ctx = context()
         self._queue = ctx.SimpleQueue()
         self._dir = tempfile.mkdtemp(prefix="sendlens-workers-")
         init = "file://" + os.path.join(self._dir, "rendezvous")
@@ -135,6 +139,7 @@ class WorkerGroup:
         except BaseException:
             self.close()
             raise
+        _forkserver["ready"].set()       # a fork went through: the forkserver has its imports
         return True
 
     def wait(self, timeout: float = 0.0) -> list | None:
@@ -201,15 +206,58 @@ class WorkerGroup:
         self.close()
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans, whatever kills it)."""
+def context():
+    """multiprocessing's forkserver context, its server importing PRELOAD."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+_forkserver = {"ready": threading.Event(), "thread": None}
+_forkserver_lock = threading.Lock()
+
+
+def forkserver_ready() -> bool:
+    """True once the forkserver runs with PRELOAD imported. The first call starts it from a thread
+    of its own and returns False: its first fork waits for those imports (seconds), which must
+    not hold the engine loop (start_in_slices yields until this is True)."""
+    if _forkserver["ready"].is_set():
+        return True
+    with _forkserver_lock:
+        if _forkserver["thread"] is None:
+            _forkserver["thread"] = threading.Thread(target=_start_forkserver, name="sendlens-forkserver", daemon=True)
+            _forkserver["thread"].start()
+    return False
+
+
+def _start_forkserver() -> None:
+    try:
+        p = context().Process(target=_nothing, name="sendlens-forkserver-check", daemon=True)
+        p.start()
+        p.join()
+    finally:               # a failure shows in the group's own start
+        _forkserver["ready"].set()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _die_with_parent(server_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans, whatever kills it). The
+    parent is the forkserver, which exits when the server does (its pipe from the server ends), so
+    the kill reaches the workers through it."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:             # the parent died before prctl took effect
+    try:
+        os.kill(server_pid, 0)                 # the server died before prctl took effect
+    except ProcessLookupError:
         os._exit(1)
+    except PermissionError:
+        pass
 
 
 def _worker_main(rank, world_size, init_method, timeout_s, threads, parent_pid, target, args, results):
@@ -271,7 +319,9 @@ def wait_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
 
 
 def start_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
-    """Slices until the budget has room and the group is started."""
+    """Slices until the forkserver is ready, the budget has room and the group is started."""
+    while not forkserver_ready():
+        yield None
     while True:
         busy = engine is not None and engine.has_unfinished_requests()
         if group.start(wait_s=0.0 if busy else poll_s):

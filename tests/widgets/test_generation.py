@@ -171,6 +171,7 @@ def set_range(page, name, value):
 
 @pytest.mark.browser
 @pytest.mark.real_model
+@pytest.mark.fresh_page   # frames_sent's listener is its own
 def test_page_steps_on_the_engine_and_reshapes_live(pg, artifacts_dir, real_ws, server):
     page = pg.page
     sent = frames_sent(page)

@@ -157,6 +157,7 @@ def test_paging_page_shows_shared_blocks_and_gives_them_back(pg, server, artifac
 
 @pytest.mark.browser
 @pytest.mark.real_model
+@pytest.mark.fresh_page   # a fake clock of its own
 def test_paging_polls_only_while_on_screen(pg):
     """On the walkthrough, snapshots are asked for while the widget is in view, at most once per
     500 ms of the page's own clock (plus one on coming into view), one in flight at a time, and
