@@ -204,22 +204,15 @@ def test_the_first_start_waits_for_the_forkserver_in_slices_not_in_one_call():
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {here!r})
+        from conftest import drain
         from test_workers import add_ranks
         from core.parallel import workers
         assert not workers.forkserver_ready()
-        def drive(gen):
-            n = 0
-            while True:
-                try:
-                    next(gen)
-                    n += 1
-                except StopIteration as stop:
-                    return n, stop.value
         g = workers.WorkerGroup(add_ranks, 2, (1,), timeout_s=60)
-        slices, _ = drive(workers.start_in_slices(g, None))
-        _, results = drive(workers.wait_in_slices(g, None))
+        slices, _ = drain(workers.start_in_slices(g, None))
+        _, results = drain(workers.wait_in_slices(g, None))
         g.close()
-        print(slices, workers.forkserver_ready(), [r["sum"] for r in results])
+        print(len(slices), workers.forkserver_ready(), [r["sum"] for r in results])
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(here))
