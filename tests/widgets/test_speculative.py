@@ -91,6 +91,7 @@ def test_speculative_page(pg, artifacts_dir):
         assert page.locator(f'{SP} figure:has([data-figure="{key}"]) .badge').count() >= 1, f"{key} has no badge"
     # the sweep's bars share one scale: each track spans its column, whatever its label's length
     tracks = page.eval_on_selector_all(f"{SP} .sp-tr:not(.sp-th) .sp-bar", "bars => bars.map(b => b.getBoundingClientRect().width)")
+    # equal grid columns: the same width up to the layout's sub-pixel rounding (well under a pixel)
     assert len(tracks) == 16 and max(tracks) - min(tracks) <= 1, tracks
     pg.assert_clean()
     # the same inputs: the job cache answers
