@@ -423,7 +423,9 @@ class Tabs:
     old page ends, with its sockets and workers), the origin's storage is cleared (localStorage,
     IndexedDB, cookies, service workers, the Cache API; this app keeps nothing in sessionStorage),
     and the viewport and the emulated media are set as a new context would have them. A test that
-    needs a context of its own (a fake clock, listeners of its own) is marked `fresh_page`."""
+    needs a context of its own (a fake clock, listeners of its own) is marked `fresh_page`; a
+    module whose pages all need the same init script keeps a Tabs of its own (test_reconnect), so
+    that no other test's tab runs it."""
 
     def __init__(self, browser):
         self.browser, self.kept = browser, {}

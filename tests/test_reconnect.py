@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.widgets import BY_NAME
-from conftest import serve_app, wait_ready
+from conftest import Tabs, serve_app, wait_ready
 
 pytestmark = pytest.mark.browser
 
@@ -33,19 +33,23 @@ def tiny_server(tiny_loaded):
 
 
 @pytest.fixture(scope="module")
-def watched(tabs, tiny_server):
-    """The tiny server, and the session's kept tab for it with WRAP_WEBSOCKET run before every
-    page of it (added once: init scripts stay with the tab)."""
+def watched(browser, tiny_server):
+    """The tiny server, and a kept tab of this module's own (conftest.Tabs) with WRAP_WEBSOCKET
+    run before every page (added once: init scripts stay with the tab, which is why no other
+    module may reuse it)."""
     server = SimpleNamespace(base=tiny_server.http, port=tiny_server.port)
+    tabs = Tabs(browser)
     page = tabs.page(server)
     page.page.add_init_script(WRAP_WEBSOCKET)
     page.detach()
-    return server
+    yield tabs, server
+    tabs.close()
 
 
 @pytest.fixture
-def pg(tabs, watched):
-    page = tabs.page(watched)
+def pg(watched):
+    tabs, server = watched
+    page = tabs.page(server)
     yield page
     page.detach()
 
