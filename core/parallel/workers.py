@@ -217,17 +217,17 @@ _forkserver = {"ready": threading.Event(), "thread": None}
 _forkserver_lock = threading.Lock()
 
 
-def forkserver_ready() -> bool:
-    """True once the forkserver runs with PRELOAD imported. The first call starts it from a thread
-    of its own and returns False: its first fork waits for those imports (seconds), which must
-    not hold the engine loop (start_in_slices yields until this is True)."""
+def forkserver_ready(wait_s: float = 0.0) -> bool:
+    """True once the forkserver runs with PRELOAD imported, waiting at most wait_s for it. The first
+    call starts it from a thread of its own: its first fork waits for those imports (seconds),
+    which must not hold the engine loop (start_in_slices yields until this is True)."""
     if _forkserver["ready"].is_set():
         return True
     with _forkserver_lock:
         if _forkserver["thread"] is None:
             _forkserver["thread"] = threading.Thread(target=_start_forkserver, name="sendlens-forkserver", daemon=True)
             _forkserver["thread"].start()
-    return False
+    return _forkserver["ready"].wait(wait_s)
 
 
 def _start_forkserver() -> None:
@@ -319,8 +319,12 @@ def wait_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
 
 
 def start_in_slices(group: WorkerGroup, engine, poll_s: float = 0.05):
-    """Slices until the forkserver is ready, the budget has room and the group is started."""
-    while not forkserver_ready():
+    """Slices until the forkserver is ready, the budget has room and the group is started (each
+    slice waits at most poll_s, and not at all while the engine is serving)."""
+    while True:
+        busy = engine is not None and engine.has_unfinished_requests()
+        if forkserver_ready(wait_s=0.0 if busy else poll_s):
+            break
         yield None
     while True:
         busy = engine is not None and engine.has_unfinished_requests()
