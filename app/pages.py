@@ -1,6 +1,6 @@
-"""Pages: the walkthrough at / and the health check."""
+"""Pages: the walkthrough at /, the site's icon and the health check."""
 
-from flask import Blueprint, jsonify, render_template, request
+from flask import Blueprint, current_app, jsonify, render_template, request
 
 from .runtime import get_runtime
 from .sections import SECTIONS
@@ -13,6 +13,13 @@ def index():
     runtime = get_runtime()
     return render_template("index.html", sections=SECTIONS, info=runtime.facts(),
                            origin=request.host_url.rstrip("/"))
+
+
+@bp.get("/favicon.ico")
+def favicon():
+    """The site's icon (static/favicon.svg; the pages link it): browsers also ask for /favicon.ico
+    by themselves, for a page with no link such as /healthz's JSON, and log a 404 as a page error."""
+    return current_app.send_static_file("favicon.svg")
 
 
 @bp.get("/healthz")

@@ -153,6 +153,16 @@ def index(client):
 
 
 # ---- /healthz --------------------------------------------------------------------------------
+def test_the_site_has_an_icon_where_browsers_look(client):
+    """Pages link static/favicon.svg, and /favicon.ico (asked for by browsers on their own, for a
+    page that links none, such as /healthz) serves it: a 404 there is an error in the page's log."""
+    page = client.get("/").get_data(as_text=True)
+    assert '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in page
+    with client.get("/favicon.ico") as icon, client.get("/static/favicon.svg") as linked:
+        assert icon.status_code == 200 and icon.mimetype == "image/svg+xml"
+        assert icon.get_data() == linked.get_data()
+
+
 def test_healthz_reports_engine_and_kv_pool(client, app):
     resp = client.get("/healthz")
     assert resp.status_code == 200
