@@ -4,6 +4,8 @@ weight format, alone, batched and chunked; where it cannot be built the engine r
 import logging
 
 import pytest
+import torch
+from kernel_paths import kernel_path  # noqa: F401 (a fixture: every kernel path this CPU offers)
 from test_attention import assert_bit_identical, invariance_cases
 
 from core.kernels import loader
@@ -59,6 +61,47 @@ def test_cpp_and_python_give_the_same_bits_on_onednn(make_tiny_engine, monkeypat
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cpp_and_python_give_the_same_bits_smollm(make_smollm, fmt):
     assert_bit_identical(python_and_native(lambda **s: make_smollm(**s).engine, fmt))
+
+
+@pytest.fixture(params=[1, 2, 3])
+def threads(request):
+    """Run under a given number of torch threads (the one-token step splits its work by them), then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("eviction", [{}, {"kv_sink_tokens": 2, "kv_window": 6}], ids=["full", "window"])
+def test_a_one_token_step_gives_the_bits_of_the_tensor_path(make_tiny_engine, threads, kernel_path, eviction):
+    """A step of a single token runs every layer in one parallel region (csrc/decode_step.cpp), its
+    columns, heads and groups split between however many threads there are; the same token beside
+    others goes through the tensor kernels. Same bits, on each kernel path, with and without KV
+    eviction: invariance_cases computes the last token by a decode alone (the one-token step) and
+    inside batched and chunked steps."""
+    engine = make_tiny_engine(block_size=4, enable_prefix_caching=False, weight_format="q4_1", share_cpu=False,
+                              **eviction)
+    assert engine.view.model.native.decoder.one_token_step
+    assert_bit_identical(invariance_cases(engine, engine.tokenizer.encode(TEXT)))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("threads", [1, 3], indirect=True)
+def test_a_one_token_step_gives_the_bits_of_the_tensor_path_smollm(make_smollm, threads):
+    """The same on SmolLM2, whose nine query heads share three KV heads: with three threads each
+    takes three query heads, with two (the other tests) a KV head's queries part between threads."""
+    engine = make_smollm(block_size=4, enable_prefix_caching=False, weight_format="q4_1", share_cpu=False).engine
+    assert engine.view.model.native.decoder.one_token_step
+    assert_bit_identical(invariance_cases(engine, engine.tokenizer.encode(TEXT)))
+
+
+def test_only_q4_1_on_its_own_kernel_takes_the_one_token_step(make_tiny_engine, monkeypatch):
+    """The other formats, and q4_1 on PyTorch's int4 kernel (a CPU without AVX2), run a token
+    through the tensor path."""
+    for fmt in ("fp32", "bf16", "q8_0"):
+        assert not make_tiny_engine(weight_format=fmt).view.model.native.decoder.one_token_step
+    monkeypatch.setattr("core.model.linear.q4_kernel", lambda: None)
+    assert not make_tiny_engine(weight_format="q4_1").view.model.native.decoder.one_token_step
 
 
 def test_the_same_tokens_through_the_engine(make_tiny_engine):

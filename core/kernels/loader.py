@@ -22,7 +22,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
            for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp",
-                         "f32_matmul.cpp", "q4_matmul.cpp", "q8_matmul.cpp")]
+                         "f32_matmul.cpp", "q4_matmul.cpp", "q8_matmul.cpp", "decode_step.cpp")]
 
 
 def build_name() -> str:

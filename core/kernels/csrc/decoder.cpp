@@ -9,9 +9,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
+#include "decode_step.h"
 #include "kernels.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -93,7 +95,11 @@ class Decoder {
         linears[i]->w.assign(t.begin() + 2 + i * per_linear, t.begin() + 2 + (i + 1) * per_linear);
       layers_.push_back(std::move(l));
     }
+    prepare_step();
   }
+
+  // Whether a step of one token runs in one parallel region (decode_step.h).
+  bool one_token_step() const { return step_ != nullptr; }
 
   // ids, positions: (T,); k_cache, v_cache: every layer's pools (kv_cache.py); slot_mapping: (T,);
   // block_tables: (S, nb); token_seq: (T,) each token's row of block_tables.
@@ -104,6 +110,8 @@ class Decoder {
                      const at::Tensor& token_seq, int64_t sink_tokens, int64_t window) {
     py::gil_scoped_release no_gil;  // other Python threads (the web server) run meanwhile
     at::InferenceMode guard;
+    if (step_ && ids.size(0) == 1)
+      return one_token(ids, positions, k_cache, v_cache, slot_mapping, block_tables, token_seq, sink_tokens, window);
     at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
@@ -115,6 +123,71 @@ class Decoder {
   }
 
  private:
+  // Whether a one-token step can run in one parallel region (decode_step.h: Q4_1 on the engine's
+  // own kernel, float tensors, the products' inputs in groups of 32), and its model if so.
+  void prepare_step() {
+    const int64_t C = embed_.size(1), D = D_;
+    if (fmt_ != Q4_1 || products_.product != OWN || sendlens::q4_matmul_isa().empty() ||
+        !sendlens::supports_head_dim(D) || (H_ * D) % 32 != 0 || C % 32 != 0 || layers_.empty())
+      return;
+    for (const at::Tensor& t : {embed_, final_norm_, cos_, sin_})
+      if (t.scalar_type() != at::kFloat || !t.is_contiguous()) return;
+    auto weight = [](const Linear& l, int64_t K, int64_t N, sendlens::Q4Weight& out) {
+      const at::Tensor &nib = l.w[0], &dm = l.w[1];
+      if (!nib.is_contiguous() || !dm.is_contiguous() || nib.size(1) * 4 != K || (N > 0 && nib.size(0) * 16 != N))
+        return false;
+      out = {nib.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), nib.size(0)};
+      return true;
+    };
+    const int64_t I = layers_[0].down.w[0].size(1) * 4;
+    if (I % 32 != 0) return;
+    auto model = std::make_unique<sendlens::StepModel>(sendlens::StepModel{
+        embed_.data_ptr<float>(), final_norm_.data_ptr<float>(), cos_.data_ptr<float>(), sin_.data_ptr<float>(),
+        C, I, H_, Hkv_, D, static_cast<float>(eps_), {}});
+    for (const Layer& l : layers_) {
+      sendlens::StepLayer s{l.attn_norm.data_ptr<float>(), l.mlp_norm.data_ptr<float>(), {}, {}, {}, {}};
+      if (!l.attn_norm.is_contiguous() || !l.mlp_norm.is_contiguous() ||
+          !weight(l.qkv, C, (H_ + 2 * Hkv_) * D, s.qkv) || !weight(l.o, H_ * D, C, s.o) ||
+          !weight(l.gate_up, C, 2 * I, s.gate_up) || !weight(l.down, I, C, s.down))
+        return;
+      model->layers.push_back(s);
+    }
+    step_ = std::move(model);
+  }
+
+  // A step of one token (decode_step.h), after checking every index it will read or write.
+  at::Tensor one_token(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                       const at::Tensor& token_seq, int64_t sink_tokens, int64_t window) const {
+    const int64_t L = static_cast<int64_t>(layers_.size()), D = D_, Hkv = Hkv_;
+    for (const at::Tensor& t : {ids, positions, slot_mapping, token_seq, block_tables})
+      TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous(), "decoder: int64 ids, positions, slots and tables");
+    TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                    v_cache.is_contiguous() && k_cache.dim() == 5 && k_cache.size(0) >= L &&
+                    k_cache.size(2) == Hkv && k_cache.size(3) == D && v_cache.sizes() == at::IntArrayRef(
+                        {k_cache.size(0), k_cache.size(1), Hkv, k_cache.size(4), D}),
+                "decoder: the pools (layers, blocks, Hkv, D, BS) and (layers, blocks, Hkv, BS, D)");
+    TORCH_CHECK(sink_tokens >= 0 && window >= 0, "decoder: sink_tokens and window must be >= 0");
+    const int64_t blocks = k_cache.size(1), BS = k_cache.size(4), S = block_tables.size(0), nb = block_tables.size(1);
+    const int64_t id = ids.item<int64_t>(), pos = positions.item<int64_t>();
+    const int64_t slot = slot_mapping.item<int64_t>(), seq = token_seq.item<int64_t>();
+    TORCH_CHECK(id >= 0 && id < embed_.size(0), "token id ", id, " is outside the vocabulary");
+    TORCH_CHECK(pos >= 0 && pos < cos_.size(0), "position ", pos, " is outside the table");
+    TORCH_CHECK(slot >= 0 && slot < blocks * BS, "slot ", slot, " is outside the pool");
+    TORCH_CHECK(seq >= 0 && seq < S, "the token names sequence ", seq, " of ", S);
+    TORCH_CHECK(pos / BS < nb, "a key's block ", pos / BS, " is beyond the block table (", nb, " blocks)");
+    const int64_t* table = block_tables.data_ptr<int64_t>() + seq * nb;
+    for (int64_t b = 0; b <= pos / BS; ++b)
+      TORCH_CHECK(table[b] >= 0 && table[b] < blocks, "block ", table[b], " is outside the pool");
+    const sendlens::StepToken token{id, pos, slot, seq, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                                    k_cache.stride(0),
+                                    {nullptr, nullptr, block_tables.data_ptr<int64_t>(), blocks, nb, BS, Hkv,
+                                     sink_tokens, window}};
+    at::Tensor out = at::empty({1, step_->C}, embed_.options());
+    sendlens::decode_step(*step_, token, out.data_ptr<float>());
+    return out;
+  }
+
   at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
     return l.down(sendlens::silu_mul(l.gate_up(x, fmt_, products_)), fmt_, products_);  // (T, C)
   }
@@ -140,6 +213,7 @@ class Decoder {
   int64_t H_, Hkv_, D_;
   double eps_;
   Products products_;
+  std::unique_ptr<sendlens::StepModel> step_;  // set where a one-token step can run in one region
 };
 
 }  // namespace
@@ -149,7 +223,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, int64_t, int64_t,
                     int64_t>())
-      .def("forward", &Decoder::forward);
+      .def("forward", &Decoder::forward)
+      .def_property_readonly("one_token_step", &Decoder::one_token_step);
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention", &sendlens::paged_attention, py::arg("q"), py::arg("k_pool"), py::arg("v_pool"),
         py::arg("block_tables"), py::arg("token_seq"), py::arg("positions"), py::arg("sink_tokens") = 0,

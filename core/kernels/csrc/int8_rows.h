@@ -31,33 +31,53 @@ struct IntRows {
   const T* row(int64_t r) const { return xi.data() + r * K; }
 };
 
-// x (M, K) rounded per group of 32 to integers in -limit..limit: s = the group's largest |x| / limit.
+// One row of K values rounded per group of 32 to integers in -limit..limit: s = the group's largest
+// |x| / limit. xi: (K,); scale, sum, isum: (K/32,).
+template <typename T>
+void round_row(const float* x, int64_t K, int32_t limit, T* xi, float* scale, float* sum, int32_t* isum) {
+  const float top = static_cast<float>(limit);
+  for (int64_t g = 0; g < K / 32; ++g) {
+    const float* v = x + g * 32;
+    T* q = xi + g * 32;
+    float amax = 0.0f;
+    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
+    const float s = amax / top, inv = amax > 0.0f ? top / amax : 0.0f;
+    int32_t total = 0;
+    for (int k = 0; k < 32; ++k) {
+      const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -limit, limit);
+      q[k] = static_cast<T>(i);
+      total += i;
+    }
+    scale[g] = s;
+    sum[g] = s * static_cast<float>(total);
+    isum[g] = total;
+  }
+}
+
+// Room for M rows of K.
+template <typename T>
+IntRows<T> empty_rows(int64_t M, int64_t K) {
+  return {K, std::vector<T>(M * K), std::vector<float>(M * (K / 32)), std::vector<float>(M * (K / 32)),
+          std::vector<int32_t>(M * (K / 32))};
+}
+
+// Row r of `rows` rounded from x (K,).
+template <typename T>
+void round_into(IntRows<T>& rows, int64_t r, const float* x, int32_t limit) {
+  const int64_t K = rows.K, K32 = K / 32;
+  round_row<T>(x, K, limit, rows.xi.data() + r * K, rows.scale.data() + r * K32, rows.sum.data() + r * K32,
+               rows.isum.data() + r * K32);
+}
+
+// x (M, K) rounded row by row (round_row).
 template <typename T>
 IntRows<T> round_rows(const at::Tensor& x_in, int32_t limit) {
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), K32 = K / 32;
-  const float top = static_cast<float>(limit);
-  IntRows<T> rows{K, std::vector<T>(M * K), std::vector<float>(M * K32), std::vector<float>(M * K32),
-                  std::vector<int32_t>(M * K32)};
+  const int64_t M = x.size(0), K = x.size(1);
+  IntRows<T> rows = empty_rows<T>(M, K);
   const float* xs = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t g = 0; g < K32; ++g) {
-        const float* v = xs + r * K + g * 32;
-        T* q = rows.xi.data() + r * K + g * 32;
-        float amax = 0.0f;
-        for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
-        const float scale = amax / top, inv = amax > 0.0f ? top / amax : 0.0f;
-        int32_t total = 0;
-        for (int k = 0; k < 32; ++k) {
-          const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -limit, limit);
-          q[k] = static_cast<T>(i);
-          total += i;
-        }
-        rows.scale[r * K32 + g] = scale;
-        rows.sum[r * K32 + g] = scale * static_cast<float>(total);
-        rows.isum[r * K32 + g] = total;
-      }
+    for (int64_t r = begin; r < end; ++r) round_into<T>(rows, r, xs + r * K, limit);
   });
   return rows;
 }

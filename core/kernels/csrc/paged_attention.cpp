@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "row_kernels.h"
 #include "vec.h"
 
 namespace sendlens {
@@ -43,20 +44,7 @@ inline void prefetch(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 64 / sizeof(float)) __builtin_prefetch(p + i);
 }
 
-struct Pools {
-  const float* k;              // (blocks, Hkv, D, BS)
-  const float* v;              // (blocks, Hkv, BS, D)
-  const int64_t* tables;       // (S, nb)
-  int64_t num_blocks, nb, BS, Hkv;
-  int64_t sink_tokens, window;  // KV eviction: window > 0 hides keys sink_tokens <= j <= position - window
-
-  int64_t block(int64_t seq, int64_t index) const {
-    TORCH_CHECK(index < nb, "a key's block ", index, " is beyond the block table (", nb, " blocks)");
-    const int64_t id = tables[seq * nb + index];
-    TORCH_CHECK(id >= 0 && id < num_blocks, "block ", id, " is outside the pool");
-    return id;
-  }
-};
+using Pools = KvPools;  // row_kernels.h
 
 // Scores of MR rows against one tile of 16 keys: one multiply-add chain per row over d = 0..D-1
 // (the tile's vector for d, times the row's q[d]), MR chains in flight so that none waits.
@@ -279,23 +267,32 @@ void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tens
               "write_kv: one int64 slot per token");
   const int64_t T = k.size(0), Hkv = k.size(1), D = k.size(2), BS = k_pool.size(3);
   const int64_t num_slots = k_pool.size(0) * BS;
-  const auto ka = k.accessor<float, 3>();
-  const auto va = v.accessor<float, 3>();
+  const at::Tensor kc = k.stride(2) == 1 ? k : k.contiguous(), vc = v.stride(2) == 1 ? v : v.contiguous();
+  const float* kp = kc.data_ptr<float>();
+  const float* vp = vc.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
-  float* kp = k_pool.data_ptr<float>();
-  float* vp = v_pool.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
-    const int64_t b = slot[t] / BS, off = slot[t] % BS;
-    for (int64_t h = 0; h < Hkv; ++h) {
-      float* kd = kp + ((b * Hkv + h) * D) * BS + off;
-      float* vd = vp + ((b * Hkv + h) * BS + off) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        kd[d * BS] = ka[t][h][d];
-        vd[d] = va[t][h][d];
-      }
-    }
+    for (int64_t h = 0; h < Hkv; ++h)
+      write_kv_head(k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), BS, Hkv, D, slot[t], h,
+                    kp + t * kc.stride(0) + h * kc.stride(1), vp + t * vc.stride(0) + h * vc.stride(1));
   }
+}
+
+void write_kv_head(float* k_pool, float* v_pool, int64_t BS, int64_t Hkv, int64_t D, int64_t slot, int64_t h,
+                   const float* k, const float* v) {
+  const int64_t b = slot / BS, off = slot % BS;
+  float* kd = k_pool + ((b * Hkv + h) * D) * BS + off;
+  float* vd = v_pool + ((b * Hkv + h) * BS + off) * D;
+  for (int64_t d = 0; d < D; ++d) {
+    kd[d * BS] = k[d];
+    vd[d] = v[d];
+  }
+}
+
+void attend_token(const KvPools& pools, const float* q, float* out, int64_t H, int64_t D, int64_t h, int64_t g0,
+                  int64_t Gs, int64_t seq, int64_t position, std::vector<float>& scratch) {
+  tile_function(D)(pools, q, H * D, out, H, H / pools.Hkv, g0, Gs, seq, h, 0, 1, &position, scratch);
 }
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "row_kernels.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include "q4_avx512.h"
@@ -80,6 +81,16 @@ void few_rows(const q4::Rows& a, int64_t P, const uint8_t* nib, const at::Half* 
 
 }  // namespace
 #endif
+
+void q4_row_panels(const Int8Rows& a, const uint8_t* nib, const at::Half* dm, int64_t p0, int64_t p1, float* y) {
+#ifdef SENDLENS_Q4
+  constexpr int NP = q4::PANELS_ONE_ROW;
+  const int64_t panel_bytes = (a.K / 4) * 32, panel_scales = (a.K / 32) * 32;
+  int64_t c = p0;
+  for (; c + NP <= p1; c += NP) q4::tile<1, NP>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, 0);
+  for (; c < p1; ++c) q4::tile<1, 1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, 0);
+#endif
+}
 
 at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& dm) {
   TORCH_CHECK(!q4_matmul_isa().empty(), "q4_matmul: this build has neither AVX-512 VNNI nor AVX2 (use gemm.linear_q4)");

@@ -10,6 +10,17 @@
 
 namespace sendlens {
 
+void rms_norm_row(const float* row, const float* w, int64_t C, float eps, float* out) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  Vec sq = Vec::set1(0.0f);
+  for (int64_t c = 0; c < C; c += LANES) {
+    const Vec v = Vec::load(row + c);
+    sq = fma(v, v, sq);
+  }
+  const Vec scale = Vec::set1(1.0f / std::sqrt(reduce_add(sq) * inv_c + eps));
+  for (int64_t c = 0; c < C; c += LANES) ((Vec::load(row + c) * scale) * Vec::load(w + c)).store(out + c);
+}
+
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   const at::Tensor x = x_in.contiguous();
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
@@ -20,19 +31,9 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
   const float* xp = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const float inv_c = 1.0f / static_cast<float>(C), e = static_cast<float>(eps);
+  const float e = static_cast<float>(eps);
   at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* row = xp + t * C;
-      Vec sq = Vec::set1(0.0f);
-      for (int64_t c = 0; c < C; c += LANES) {
-        const Vec v = Vec::load(row + c);
-        sq = fma(v, v, sq);
-      }
-      const Vec scale = Vec::set1(1.0f / std::sqrt(reduce_add(sq) * inv_c + e));
-      for (int64_t c = 0; c < C; c += LANES)
-        ((Vec::load(row + c) * scale) * Vec::load(w + c)).store(op + t * C + c);
-    }
+    for (int64_t t = begin; t < end; ++t) rms_norm_row(xp + t * C, w, C, e, op + t * C);
   });
   return out;
 }

@@ -9,6 +9,19 @@
 #include "vec.h"
 
 namespace sendlens {
+namespace {
+
+// Lanes i .. i + 15 of one float row's silu(gate) * up into out.
+inline void silu_mul_lanes(const float* row, int64_t I, int64_t i, float* out) {
+  const Vec g = Vec::load(row + i), u = Vec::load(row + I + i);
+  (g / (Vec::set1(1.0f) + exp(g * Vec::set1(-1.0f))) * u).store(out + i);
+}
+
+}  // namespace
+
+void silu_mul_row(const float* gate_up, int64_t I, int64_t from, int64_t to, float* out) {
+  for (int64_t i = from; i < to; i += LANES) silu_mul_lanes(gate_up, I, i, out);
+}
 
 at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   const at::Tensor gate_up = gate_up_in.contiguous();
@@ -30,9 +43,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
           const Vec g = load_bf16(row + i), u = load_bf16(row + I + i);
           store_bf16(g / (one + exp(g * minus)) * u, static_cast<uint16_t*>(o) + t * I + i);
         } else {
-          const float* row = static_cast<const float*>(in) + t * 2 * I;
-          const Vec g = Vec::load(row + i), u = Vec::load(row + I + i);
-          (g / (one + exp(g * minus)) * u).store(static_cast<float*>(o) + t * I + i);
+          silu_mul_lanes(static_cast<const float*>(in) + t * 2 * I, I, i, static_cast<float*>(o) + t * I);
         }
       }
     }
