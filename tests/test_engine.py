@@ -410,3 +410,23 @@ def test_the_engine_warns_when_openmp_would_spin_long(torch_first):
     assert out.returncode == 0, out.stderr
     assert f"spin {OMP_SPIN_COUNT}" in out.stdout
     assert ("OpenMP keeps its default spin" in out.stderr) == torch_first
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_warmup_can_map_the_whole_kv_pool_and_leaves_it_empty(make_tiny_llm, assert_pool_clean):
+    """A fresh pool's pages are mapped at each block's first write (calloc); warmup(touch_pool=True)
+    maps them all at once (the benchmark's steady state), leaves every block free, and the engine's
+    tokens do not change."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    touched, fresh = make_tiny_llm(kv_cache_bytes=64 << 20), make_tiny_llm(kv_cache_bytes=64 << 20)
+    pool = touched.engine.runner.cache
+    before = _resident_bytes()
+    touched.engine.warmup(touch_pool=True)
+    assert _resident_bytes() - before >= 0.9 * pool.nbytes
+    assert_pool_clean(touched.engine)
+    tokens = [llm.generate(["Hello there"], params)[0].outputs[0].token_ids for llm in (touched, fresh)]
+    assert tokens[0] == tokens[1]

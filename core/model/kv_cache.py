@@ -33,6 +33,13 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
 
+    def touch(self) -> None:
+        """Write every page of the pool once (the zeros it holds), so that the OS maps them now rather
+        than at each block's first write: what a pool is after a while of serving, and what
+        llama.cpp's KV buffer is from the start (it clears it when a context is created)."""
+        self.k.zero_()
+        self.v.zero_()
+
     def token_major(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s keys and values as (blocks, block_size, Hkv, D) views of the pool."""
         return self.k[layer].permute(0, 3, 1, 2), self.v[layer].permute(0, 2, 1, 3)
