@@ -422,7 +422,8 @@ def test_warmup_can_map_the_whole_kv_pool_and_leaves_it_empty(make_tiny_llm, ass
     maps them all at once (the benchmark's steady state), leaves every block free, and the engine's
     tokens do not change."""
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    touched, fresh = make_tiny_llm(kv_cache_bytes=64 << 20), make_tiny_llm(kv_cache_bytes=64 << 20)
+    # 128 MiB a tensor: past glibc's largest mmap threshold (32 MiB), so each is fresh, unmapped memory
+    touched, fresh = make_tiny_llm(kv_cache_bytes=256 << 20), make_tiny_llm(kv_cache_bytes=256 << 20)
     pool = touched.engine.runner.cache
     before = _resident_bytes()
     touched.engine.warmup(touch_pool=True)
