@@ -20,7 +20,7 @@
 // (row_kernels.h), on the same inputs, so the step gives the batch path's bits: which thread
 // computes a column, a head or a group never changes them (each is one fixed chain). Each thread
 // keeps its own copy of the residual stream, updated identically, so that the norms need no
-// hand-over. The buffers live for the step; nothing in the region allocates but attention's scratch.
+// hand-over. The shared buffers are allocated once a step, each thread's own once as it enters.
 
 #include "decode_step.h"
 
@@ -67,13 +67,14 @@ struct Own {
   }
 };
 
+// This thread's share of the panels of a w^T (a: one row, rounded) into out.
 void product(const Int8Rows& a, const Q4Weight& w, float* out, int t, int nt) {
   const Share s(w.panels, t, nt);
   q4_row_panels(a, w.nibbles, w.dm, s.begin, s.end, out);
 }
 
-// Rows [from, to) of a row of n, already computed in x, rounded into row 0 of `rows` (groups of
-// 32: from and to are multiples of 32).
+// Columns [from, to) of x, rounded into row 0 of `rows` (whole groups: from and to are multiples
+// of 32).
 void round_part(Int8Rows& rows, const float* x, int64_t from, int64_t to) {
   round_row<int8_t>(x + from, to - from, 127, rows.xi.data() + from, rows.scale.data() + from / 32,
                     rows.sum.data() + from / 32, rows.isum.data() + from / 32);
