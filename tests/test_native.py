@@ -6,7 +6,9 @@ import logging
 import pytest
 import torch
 from kernel_paths import kernel_path  # noqa: F401 (a fixture: every kernel path this CPU offers)
-from test_attention import assert_bit_identical, invariance_cases
+from test_attention import assert_bit_identical, invariance_cases, run_step
+
+from core import SamplingParams
 
 from core.kernels import loader
 from core.model import native_decoder
@@ -72,36 +74,67 @@ def threads(request):
     torch.set_num_threads(before)
 
 
+def few_token_cases(engine, target_ids):
+    """The logits after target_ids, its last token computed in steps of 1 to 9 tokens: alone, as
+    the tail of a chunk (a speculative verify pass), and beside other sequences' decodes."""
+    L, max_tokens = len(target_ids), engine.view.model.native.decoder.max_step_tokens
+    g = torch.Generator().manual_seed(7)
+
+    def seq(ids, rid):
+        return engine.make_sequence(list(ids), SamplingParams(temperature=0.0), request_id=rid)
+
+    def prefilled(ids, rid):
+        s = seq(ids[:-1], rid)
+        run_step(engine, [(s, len(ids) - 1)])
+        s.token_ids.append(ids[-1])
+        return s
+
+    results = {"one chunk": run_step(engine, [(seq(target_ids, "whole"), L)])["whole"]}
+    for n in (1, 2, 5, max_tokens):  # the tail of n tokens as one chunk, alone
+        t = seq(target_ids, f"tail{n}")
+        run_step(engine, [(t, L - n)])
+        results[f"a chunk of {n}"] = run_step(engine, [(t, n)])[f"tail{n}"]
+    for n in (4, max_tokens, max_tokens + 1):  # the last token's decode among n decodes
+        others = [prefilled(torch.randint(3, 100, (3 + i,), generator=g).tolist(), f"o{n}.{i}") for i in range(n - 1)]
+        t = prefilled(target_ids, f"among{n}")
+        results[f"a decode among {n}"] = run_step(engine, [(o, 1) for o in others[:n // 2]] + [(t, 1)] +
+                                                  [(o, 1) for o in others[n // 2:]])[f"among{n}"]
+    return results
+
+
 @pytest.mark.parametrize("eviction", [{}, {"kv_sink_tokens": 2, "kv_window": 6}], ids=["full", "window"])
-def test_a_one_token_step_gives_the_bits_of_the_tensor_path(make_tiny_engine, threads, kernel_path, eviction):
-    """A step of a single token runs every layer in one parallel region (csrc/decode_step.cpp), its
-    columns, heads and groups split between however many threads there are; the same token beside
-    others goes through the tensor kernels. Same bits, on each kernel path, with and without KV
-    eviction: invariance_cases computes the last token by a decode alone (the one-token step) and
-    inside batched and chunked steps."""
+def test_a_step_of_a_few_tokens_gives_the_bits_of_the_tensor_path(make_tiny_engine, threads, kernel_path, eviction):
+    """A step of at most max_step_tokens tokens runs every layer in one parallel region
+    (csrc/decode_step.cpp), its columns, heads and groups split between however many threads there
+    are; longer steps go through the tensor kernels. Same bits, on each kernel path, with and
+    without KV eviction: the last token computed by a decode alone, as the tail of chunks of 2 to
+    max_step_tokens tokens, beside 3, max_step_tokens - 1 and max_step_tokens other decodes (the
+    last of them on the tensor path), and within batched and chunked prefills (invariance_cases)."""
     engine = make_tiny_engine(block_size=4, enable_prefix_caching=False, weight_format="q4_1", share_cpu=False,
                               **eviction)
-    assert engine.view.model.native.decoder.one_token_step
-    assert_bit_identical(invariance_cases(engine, engine.tokenizer.encode(TEXT)))
+    assert engine.view.model.native.decoder.one_region_step
+    target = engine.tokenizer.encode(TEXT)
+    assert_bit_identical({**invariance_cases(engine, target), **few_token_cases(engine, target)})
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("threads", [1, 3], indirect=True)
-def test_a_one_token_step_gives_the_bits_of_the_tensor_path_smollm(make_smollm, threads):
+def test_a_step_of_a_few_tokens_gives_the_bits_of_the_tensor_path_smollm(make_smollm, threads):
     """The same on SmolLM2, whose nine query heads share three KV heads: with three threads each
     takes three query heads, with two (the other tests) a KV head's queries part between threads."""
     engine = make_smollm(block_size=4, enable_prefix_caching=False, weight_format="q4_1", share_cpu=False).engine
-    assert engine.view.model.native.decoder.one_token_step
-    assert_bit_identical(invariance_cases(engine, engine.tokenizer.encode(TEXT)))
+    assert engine.view.model.native.decoder.one_region_step
+    target = engine.tokenizer.encode(TEXT)
+    assert_bit_identical({**invariance_cases(engine, target), **few_token_cases(engine, target)})
 
 
-def test_only_q4_1_on_its_own_kernel_takes_the_one_token_step(make_tiny_engine, monkeypatch):
-    """The other formats, and q4_1 on PyTorch's int4 kernel (a CPU without AVX2), run a token
+def test_only_q4_1_on_its_own_kernel_takes_the_one_region_step(make_tiny_engine, monkeypatch):
+    """The other formats, and q4_1 on PyTorch's int4 kernel (a CPU without AVX2), run every step
     through the tensor path."""
     for fmt in ("fp32", "bf16", "q8_0"):
-        assert not make_tiny_engine(weight_format=fmt).view.model.native.decoder.one_token_step
+        assert not make_tiny_engine(weight_format=fmt).view.model.native.decoder.one_region_step
     monkeypatch.setattr("core.model.linear.q4_kernel", lambda: None)
-    assert not make_tiny_engine(weight_format="q4_1").view.model.native.decoder.one_token_step
+    assert not make_tiny_engine(weight_format="q4_1").view.model.native.decoder.one_region_step
 
 
 def test_the_same_tokens_through_the_engine(make_tiny_engine):

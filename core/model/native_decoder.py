@@ -9,11 +9,12 @@ forward was tried and dropped (torch.compile was slow to start and changed greed
 the forward written out once more, in C++, operation for operation, and a test holds it to the
 Python one bit for bit in every weight format.
 
-A step of a single token (one reader decoding alone) in q4_1, on the engine's own kernel, goes
-further (csrc/decode_step.cpp): every layer in one parallel region, the threads splitting each
-phase's columns, heads or groups and meeting at barriers, with each value computed by the same
-per-row function the tensor kernels run (csrc/row_kernels.h), so the same bits again. The decoder's
-`one_token_step` says whether it applies.
+A step of at most 8 tokens in q4_1, on the engine's own kernel, goes further
+(csrc/decode_step.cpp). That covers one reader decoding alone, a few readers, and a speculative
+verify pass. Every layer runs in one parallel region: the threads split each phase's columns,
+heads or groups and meet at barriers. Each value is computed by the same per-row function the
+tensor kernels run (csrc/row_kernels.h), so the bits are the same again. The decoder's
+`one_region_step` says whether this applies.
 
 The extension is built and loaded by core/kernels/loader.py. A model with experts runs model.py's
 Python with the kernels. Where the extension cannot be built, the engine runs model.py's Python

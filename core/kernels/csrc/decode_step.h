@@ -1,6 +1,6 @@
-// A decode step of one token through every layer in one parallel region (decode_step.cpp), for
-// Q4_1 weights on the engine's own kernel: what the C++ decoder runs when a step carries a single
-// token, the case of one reader decoding alone.
+// A step of a few tokens through every layer in one parallel region (decode_step.cpp), for Q4_1
+// weights on the engine's own kernel: what the C++ decoder runs when a step carries at most
+// MAX_STEP_TOKENS tokens (one reader decoding alone, a few readers, a speculative verify pass).
 #pragma once
 
 #include <c10/util/Half.h>
@@ -35,18 +35,25 @@ struct StepModel {
   std::vector<StepLayer> layers;
 };
 
-// Where the token goes: its id, position, KV slot and row of the block tables, and every layer's
-// pools (layer i's keys at k + i * layer_stride, its values at v + i * layer_stride).
-struct StepToken {
-  int64_t id, position, slot, seq;
+// The most tokens a step runs in one region; more take the tensor path, whose products tile rows.
+constexpr int64_t MAX_STEP_TOKENS = 8;
+
+// The step's T tokens: each one's id, position, KV slot and row of the block tables, and every
+// layer's pools (layer i's keys at k + i * layer_stride, its values at v + i * layer_stride).
+struct StepTokens {
+  int64_t T;
+  const int64_t* ids;
+  const int64_t* positions;
+  const int64_t* slots;
+  const int64_t* seqs;
   float* k;
   float* v;
   int64_t layer_stride;
   KvPools pools;  // the block tables and the pools' shape (its k and v are set per layer)
 };
 
-// The token's final hidden state, normalized (Transformer.forward's row) -> out (C,). The caller
-// has checked every index (the id, the position against the tables, the slot, the blocks).
-void decode_step(const StepModel& model, const StepToken& token, float* out);
+// The tokens' final hidden states, normalized (Transformer.forward's rows) -> out (T, C). The
+// caller has checked every index (the ids, the positions against the tables, the slots, the blocks).
+void decode_step(const StepModel& model, const StepTokens& tokens, float* out);
 
 }  // namespace sendlens

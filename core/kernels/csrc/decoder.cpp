@@ -98,8 +98,8 @@ class Decoder {
     prepare_step();
   }
 
-  // Whether a step of one token runs in one parallel region (decode_step.h).
-  bool one_token_step() const { return step_ != nullptr; }
+  // Whether a step of at most MAX_STEP_TOKENS tokens runs in one parallel region (decode_step.h).
+  bool one_region_step() const { return step_ != nullptr; }
 
   // ids, positions: (T,); k_cache, v_cache: every layer's pools (kv_cache.py); slot_mapping: (T,);
   // block_tables: (S, nb); token_seq: (T,) each token's row of block_tables.
@@ -110,8 +110,8 @@ class Decoder {
                      const at::Tensor& token_seq, int64_t sink_tokens, int64_t window) {
     py::gil_scoped_release no_gil;  // other Python threads (the web server) run meanwhile
     at::InferenceMode guard;
-    if (step_ && ids.size(0) == 1)
-      return one_token(ids, positions, k_cache, v_cache, slot_mapping, block_tables, token_seq, sink_tokens, window);
+    if (step_ && ids.size(0) <= sendlens::MAX_STEP_TOKENS)
+      return few_tokens(ids, positions, k_cache, v_cache, slot_mapping, block_tables, token_seq, sink_tokens, window);
     at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
@@ -123,7 +123,7 @@ class Decoder {
   }
 
  private:
-  // Whether a one-token step can run in one parallel region (decode_step.h: Q4_1 on the engine's
+  // Whether a step of a few tokens can run in one parallel region (decode_step.h: Q4_1 on the engine's
   // own kernel, float tensors, the products' inputs in groups of 32), and its model if so.
   void prepare_step() {
     const int64_t C = embed_.size(1), D = D_;
@@ -155,13 +155,15 @@ class Decoder {
     step_ = std::move(model);
   }
 
-  // A step of one token (decode_step.h), after checking every index it will read or write.
-  at::Tensor one_token(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                       const at::Tensor& token_seq, int64_t sink_tokens, int64_t window) const {
-    const int64_t L = static_cast<int64_t>(layers_.size()), D = D_, Hkv = Hkv_;
+  // A step of a few tokens (decode_step.h), after checking every index it will read or write.
+  at::Tensor few_tokens(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                        const at::Tensor& token_seq, int64_t sink_tokens, int64_t window) const {
+    const int64_t L = static_cast<int64_t>(layers_.size()), D = D_, Hkv = Hkv_, T = ids.size(0);
     for (const at::Tensor& t : {ids, positions, slot_mapping, token_seq, block_tables})
       TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous(), "decoder: int64 ids, positions, slots and tables");
+    TORCH_CHECK(positions.size(0) == T && slot_mapping.size(0) == T && token_seq.size(0) == T,
+                "decoder: one position, slot and sequence per token");
     TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                     v_cache.is_contiguous() && k_cache.dim() == 5 && k_cache.size(0) >= L &&
                     k_cache.size(2) == Hkv && k_cache.size(3) == D && v_cache.sizes() == at::IntArrayRef(
@@ -169,22 +171,24 @@ class Decoder {
                 "decoder: the pools (layers, blocks, Hkv, D, BS) and (layers, blocks, Hkv, BS, D)");
     TORCH_CHECK(sink_tokens >= 0 && window >= 0, "decoder: sink_tokens and window must be >= 0");
     const int64_t blocks = k_cache.size(1), BS = k_cache.size(4), S = block_tables.size(0), nb = block_tables.size(1);
-    const int64_t id = ids.item<int64_t>(), pos = positions.item<int64_t>();
-    const int64_t slot = slot_mapping.item<int64_t>(), seq = token_seq.item<int64_t>();
-    TORCH_CHECK(id >= 0 && id < embed_.size(0), "token id ", id, " is outside the vocabulary");
-    TORCH_CHECK(pos >= 0 && pos < cos_.size(0), "position ", pos, " is outside the table");
-    TORCH_CHECK(slot >= 0 && slot < blocks * BS, "slot ", slot, " is outside the pool");
-    TORCH_CHECK(seq >= 0 && seq < S, "the token names sequence ", seq, " of ", S);
-    TORCH_CHECK(pos / BS < nb, "a key's block ", pos / BS, " is beyond the block table (", nb, " blocks)");
-    const int64_t* table = block_tables.data_ptr<int64_t>() + seq * nb;
-    for (int64_t b = 0; b <= pos / BS; ++b)
-      TORCH_CHECK(table[b] >= 0 && table[b] < blocks, "block ", table[b], " is outside the pool");
-    const sendlens::StepToken token{id, pos, slot, seq, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                                    k_cache.stride(0),
-                                    {nullptr, nullptr, block_tables.data_ptr<int64_t>(), blocks, nb, BS, Hkv,
-                                     sink_tokens, window}};
-    at::Tensor out = at::empty({1, step_->C}, embed_.options());
-    sendlens::decode_step(*step_, token, out.data_ptr<float>());
+    const int64_t *id = ids.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>();
+    const int64_t *slot = slot_mapping.data_ptr<int64_t>(), *seq = token_seq.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(id[t] >= 0 && id[t] < embed_.size(0), "token id ", id[t], " is outside the vocabulary");
+      TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_.size(0), "position ", pos[t], " is outside the table");
+      TORCH_CHECK(slot[t] >= 0 && slot[t] < blocks * BS, "slot ", slot[t], " is outside the pool");
+      TORCH_CHECK(seq[t] >= 0 && seq[t] < S, "token ", t, " names sequence ", seq[t], " of ", S);
+      TORCH_CHECK(pos[t] / BS < nb, "a key's block ", pos[t] / BS, " is beyond the block table (", nb, " blocks)");
+      const int64_t* table = block_tables.data_ptr<int64_t>() + seq[t] * nb;
+      for (int64_t b = 0; b <= pos[t] / BS; ++b)
+        TORCH_CHECK(table[b] >= 0 && table[b] < blocks, "block ", table[b], " is outside the pool");
+    }
+    const sendlens::StepTokens tokens{T, id, pos, slot, seq, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                                      k_cache.stride(0),
+                                      {nullptr, nullptr, block_tables.data_ptr<int64_t>(), blocks, nb, BS, Hkv,
+                                       sink_tokens, window}};
+    at::Tensor out = at::empty({T, step_->C}, embed_.options());
+    sendlens::decode_step(*step_, tokens, out.data_ptr<float>());
     return out;
   }
 
@@ -213,7 +217,7 @@ class Decoder {
   int64_t H_, Hkv_, D_;
   double eps_;
   Products products_;
-  std::unique_ptr<sendlens::StepModel> step_;  // set where a one-token step can run in one region
+  std::unique_ptr<sendlens::StepModel> step_;  // set where a step of a few tokens can run in one region
 };
 
 }  // namespace
@@ -224,7 +228,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     std::vector<std::vector<at::Tensor>>, int64_t, int64_t, int64_t, double, int64_t, int64_t,
                     int64_t>())
       .def("forward", &Decoder::forward)
-      .def_property_readonly("one_token_step", &Decoder::one_token_step);
+      .def_property_readonly("one_region_step", &Decoder::one_region_step)
+      .def_property_readonly_static("max_step_tokens", [](py::object) { return sendlens::MAX_STEP_TOKENS; });
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention", &sendlens::paged_attention, py::arg("q"), py::arg("k_pool"), py::arg("v_pool"),
         py::arg("block_tables"), py::arg("token_seq"), py::arg("positions"), py::arg("sink_tokens") = 0,

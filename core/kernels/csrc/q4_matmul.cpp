@@ -82,13 +82,32 @@ void few_rows(const q4::Rows& a, int64_t P, const uint8_t* nib, const at::Half* 
 }  // namespace
 #endif
 
-void q4_row_panels(const Int8Rows& a, const uint8_t* nib, const at::Half* dm, int64_t p0, int64_t p1, float* y) {
+void q4_row_panels(const Int8Rows& a, int64_t M, const uint8_t* nib, const at::Half* dm, int64_t p0, int64_t p1,
+                   float* y, int64_t ldy) {
 #ifdef SENDLENS_Q4
-  constexpr int NP = q4::PANELS_ONE_ROW;
-  const int64_t panel_bytes = (a.K / 4) * 32, panel_scales = (a.K / 32) * 32;
-  int64_t c = p0;
-  for (; c + NP <= p1; c += NP) q4::tile<1, NP>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, 0);
-  for (; c < p1; ++c) q4::tile<1, 1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, 0);
+  const int64_t K = a.K, panel_bytes = (K / 4) * 32, panel_scales = (K / 32) * 32;
+  if (M <= 2) {  // the few-rows tiles, several panels at a time
+    constexpr int NP1 = q4::PANELS_ONE_ROW, NP2 = q4::PANELS_TWO_ROWS;
+    const int64_t np = M == 1 ? NP1 : NP2;
+    int64_t c = p0;
+    for (; c + np <= p1; c += np) {
+      if (M == 1) q4::tile<1, NP1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
+      else q4::tile<2, NP2>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
+    }
+    for (; c < p1; ++c) {
+      if (M == 1) q4::tile<1, 1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
+      else q4::tile<2, 1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
+    }
+    return;
+  }
+  thread_local std::vector<q4::Expanded> buffer;  // each panel expanded once for every tile of rows
+  buffer.resize(q4::expanded_size(K));
+  for (int64_t c = p0; c < p1; ++c) {
+    q4::expand(nib + c * panel_bytes, K, buffer.data());
+    for (int64_t r = 0; r < M; r += q4::MAX_ROWS)
+      tile_rows<q4::MAX_ROWS>(a, r, buffer.data(), dm + c * panel_scales, y + r * ldy + c * 16, ldy,
+                              std::min(q4::MAX_ROWS, M - r));
+  }
 #endif
 }
 

@@ -50,9 +50,10 @@ void write_kv_head(float* k_pool, float* v_pool, int64_t BS, int64_t Hkv, int64_
 void attend_token(const KvPools& pools, const float* q, float* out, int64_t H, int64_t D, int64_t h, int64_t g0,
                   int64_t Gs, int64_t seq, int64_t position, std::vector<float>& scratch);
 
-// Panels p0 .. p1 - 1 (16 output columns each) of one row's Q4_1 product (q4_matmul's one-row tiles),
-// for weights packed by gemm.pack_q4_1_native: a, the row rounded (int8_rows.h); y, the whole
-// output row. Only where q4_matmul_isa() is not empty.
-void q4_row_panels(const Int8Rows& a, const uint8_t* nib, const at::Half* dm, int64_t p0, int64_t p1, float* y);
+// Panels p0 .. p1 - 1 (16 output columns each) of M rows' Q4_1 product, by the tiles q4_matmul
+// takes for M rows (so the same bits), for weights packed by gemm.pack_q4_1_native: a, the rows
+// rounded (int8_rows.h); y, the whole output rows, ldy apart. Only where q4_matmul_isa() is not empty.
+void q4_row_panels(const Int8Rows& a, int64_t M, const uint8_t* nib, const at::Half* dm, int64_t p0, int64_t p1,
+                   float* y, int64_t ldy);
 
 }  // namespace sendlens
