@@ -63,22 +63,6 @@ void tile_rows(const q4::Rows& a, int64_t r0, const q4::Expanded* buffer, const 
   q4::tile_from<R>(a, r0, buffer, dm, y, ldy);
 }
 
-// One or two rows (a decode step): NP panels at a time, so that each row has several chains going.
-template <int R, int NP>
-void few_rows(const q4::Rows& a, int64_t P, const uint8_t* nib, const at::Half* scales, float* ys, int64_t N) {
-  const int64_t panel_bytes = (a.K / 4) * 32, panel_scales = (a.K / 32) * 32;
-  at::parallel_for(0, (P + NP - 1) / NP, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin * NP; c < std::min(P, end * NP); c += NP) {
-      if (c + NP <= P) {
-        q4::tile<R, NP>(a, 0, nib + c * panel_bytes, scales + c * panel_scales, ys + c * 16, N);
-      } else {
-        for (int64_t e = c; e < P; ++e)
-          q4::tile<R, 1>(a, 0, nib + e * panel_bytes, scales + e * panel_scales, ys + e * 16, N);
-      }
-    }
-  });
-}
-
 }  // namespace
 #endif
 
@@ -86,7 +70,8 @@ void q4_row_panels(const Int8Rows& a, int64_t M, const uint8_t* nib, const at::H
                    float* y, int64_t ldy) {
 #ifdef SENDLENS_Q4
   const int64_t K = a.K, panel_bytes = (K / 4) * 32, panel_scales = (K / 32) * 32;
-  if (M <= 2) {  // the few-rows tiles, several panels at a time
+  if (M <= 2) {  // one or two rows (a decode step): several panels at a time, so that each row
+                 // has several chains going
     constexpr int NP1 = q4::PANELS_ONE_ROW, NP2 = q4::PANELS_TWO_ROWS;
     const int64_t np = M == 1 ? NP1 : NP2;
     int64_t c = p0;
@@ -100,7 +85,8 @@ void q4_row_panels(const Int8Rows& a, int64_t M, const uint8_t* nib, const at::H
     }
     return;
   }
-  thread_local std::vector<q4::Expanded> buffer;  // each panel expanded once for every tile of rows
+  // more rows: each panel expanded once, then every tile of rows reads it
+  thread_local std::vector<q4::Expanded> buffer;
   buffer.resize(q4::expanded_size(K));
   for (int64_t c = p0; c < p1; ++c) {
     q4::expand(nib + c * panel_bytes, K, buffer.data());
@@ -127,22 +113,11 @@ at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::T
   const at::Half* scales = dm_c.data_ptr<at::Half>();
   float* ys = y.data_ptr<float>();
   const int64_t N = P * 16;
-  if (M == 1) {
-    few_rows<1, q4::PANELS_ONE_ROW>(a, P, nib, scales, ys, N);
-  } else if (M == 2) {
-    few_rows<2, q4::PANELS_TWO_ROWS>(a, P, nib, scales, ys, N);
-  } else {  // expand each panel once, then every tile of rows reads it
-    const int64_t panel_bytes = (K / 4) * 32, panel_scales = (K / 32) * 32;
-    at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-      std::vector<q4::Expanded> buffer(q4::expanded_size(K));
-      for (int64_t c = begin; c < end; ++c) {
-        q4::expand(nib + c * panel_bytes, K, buffer.data());
-        for (int64_t r = 0; r < M; r += q4::MAX_ROWS)
-          tile_rows<q4::MAX_ROWS>(a, r, buffer.data(), scales + c * panel_scales, ys + r * N + c * 16, N,
-                                  std::min(q4::MAX_ROWS, M - r));
-      }
-    });
-  }
+  // threads split panels, in runs of the panels a tile of one or two rows takes at once
+  const int64_t unit = M == 1 ? q4::PANELS_ONE_ROW : M == 2 ? q4::PANELS_TWO_ROWS : 1;
+  at::parallel_for(0, (P + unit - 1) / unit, 1, [&](int64_t begin, int64_t end) {
+    q4_row_panels(a, M, nib, scales, begin * unit, std::min(P, end * unit), ys, N);
+  });
 #endif
   return y;
 }
