@@ -67,7 +67,7 @@ def test_cpp_and_python_give_the_same_bits_smollm(make_smollm, fmt):
 
 @pytest.fixture(params=[1, 2, 3])
 def threads(request):
-    """Run under a given number of torch threads (the one-token step splits its work by them), then restore."""
+    """Run under a given number of torch threads (the one-region step splits its work by them), then restore."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param

@@ -134,7 +134,7 @@ class Decoder {
       if (t.scalar_type() != at::kFloat || !t.is_contiguous()) return;
     auto weight = [](const Linear& l, int64_t K, int64_t N, sendlens::Q4Weight& out) {
       const at::Tensor &nib = l.w[0], &dm = l.w[1];
-      if (!nib.is_contiguous() || !dm.is_contiguous() || nib.size(1) * 4 != K || (N > 0 && nib.size(0) * 16 != N))
+      if (!nib.is_contiguous() || !dm.is_contiguous() || nib.size(1) * 4 != K || nib.size(0) * 16 != N)
         return false;
       out = {nib.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), nib.size(0)};
       return true;

@@ -270,11 +270,13 @@ void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tens
   const at::Tensor kc = k.stride(2) == 1 ? k : k.contiguous(), vc = v.stride(2) == 1 ? v : v.contiguous();
   const float* kp = kc.data_ptr<float>();
   const float* vp = vc.data_ptr<float>();
+  float* kpool = k_pool.data_ptr<float>();
+  float* vpool = v_pool.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
     for (int64_t h = 0; h < Hkv; ++h)
-      write_kv_head(k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), BS, Hkv, D, slot[t], h,
+      write_kv_head(kpool, vpool, BS, Hkv, D, slot[t], h,
                     kp + t * kc.stride(0) + h * kc.stride(1), vp + t * vc.stride(0) + h * vc.stride(1));
   }
 }

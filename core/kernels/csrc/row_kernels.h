@@ -1,5 +1,5 @@
-// The kernels one row at a time (one token, or one token and head), for the C++ decoder's
-// one-token step (decode_step.cpp), which runs a whole decode step in one parallel region. Each is
+// The kernels one row at a time (one token, or one token and head), for the C++ decoder's step of
+// a few tokens (decode_step.cpp), which runs every layer in one parallel region. Each is
 // the very function its tensor kernel (kernels.h) runs for every row, so the step's bits are the
 // batch's bits.
 #pragma once
