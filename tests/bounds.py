@@ -120,7 +120,7 @@ def llama_logits_f64(model, ids: list[int]) -> torch.Tensor:
 
 
 def llama_f64(model, ids: list[int], product=None, taps: dict | None = None, dtype: torch.dtype = torch.float64,
-              batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+              batch: int = 0, operand=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The last block's residual stream (T, C) and the logits (T, V) of core.model.model.Transformer's function on one sequence, in float64: the same
     fp32 weights and the same constants (its RoPE tables, as fp32 values), with every operation in
     float64 (unit roundoff 2^-53, so within ~1e-12 relative of exact for this depth). A reference
@@ -131,7 +131,10 @@ def llama_f64(model, ids: list[int], product=None, taps: dict | None = None, dty
     (H, T, T) under ("probs", i), its MLP's output (T, C) under ("mlp", i) and the residual stream
     after it (T, C) under ("residual", i). `dtype` and `batch` (> 0: that many copies of the
     sequence side by side, shapes (batch, T, ...)) are for LogitBounds' redraws, whose products
-    differ per copy."""
+    differ per copy. `operand` x -> x, if given, rounds attention's operands as the engine's bf16
+    mode does (core/model/attention.py): the query times 1/sqrt(D), the keys and the values (once
+    per KV head, before the query heads share them) and the softmax's numerators exp(score - max),
+    whose sum is then the denominator."""
     def lin(x, w):
         return x @ w.T if product is None else product(x, w)
 
@@ -159,9 +162,16 @@ def llama_f64(model, ids: list[int], product=None, taps: dict | None = None, dty
         q = rotate(qkv[..., :H * D].unflatten(-1, (H, D)))
         k = rotate(qkv[..., H * D:(H + Hkv) * D].unflatten(-1, (Hkv, D)))
         v = qkv[..., (H + Hkv) * D:].unflatten(-1, (Hkv, D))
+        if operand is not None:
+            q, k, v = operand(q / math.sqrt(D)) * math.sqrt(D), operand(k), operand(v)
         k, v = (t.repeat_interleave(H // Hkv, dim=-2) for t in (k, v))  # (..., T, H, D): query head h reads KV h // group
         scores = torch.einsum("...qhd,...khd->...hqk", q, k) / math.sqrt(D)
-        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)   # (..., H, T, T)
+        if operand is None:
+            probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)   # (..., H, T, T)
+        else:
+            scores = scores.masked_fill(~mask, float("-inf"))
+            e = operand(torch.exp(scores - scores.amax(-1, keepdim=True)))
+            probs = e / e.sum(-1, keepdim=True)
         y = torch.einsum("...hqk,...khd->...qhd", probs, v).flatten(-2)   # (..., T, H * D)
         x = x + lin(y, sd[p + "attn.o_proj.weight"])
         gate, up = lin(norm(x, sd[p + "mlp_norm.weight"]), sd[p + "mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
@@ -217,6 +227,38 @@ def attention_f32_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     rel_p = 2 * worst + gamma(T) + 6 * U32                                   # (H, T, 1)
     pv = torch.einsum("hqk,khd->qhd", p, vd.abs())                           # sum_j p_j |v_j|
     return 2 * (rel_p.permute(1, 0, 2) * pv + gamma(T) * pv)
+
+
+def attention_bf16_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact, bound) for attention with bfloat16 operands (core/model/attention.py), shapes as
+    attention_f32_bound's: exact is softmax(q' k'^T) v' in float64 on the operands as the kernel
+    rounds them (q' = bf16(q / sqrt(D)), k' = bf16(k), v' = bf16(v): to nearest even, the same
+    numbers on every path), and |kernel - exact| <= bound elementwise:
+    - scores: fp32 sums of exact products, err_s <= gamma_D |q'||k'|; the max subtracted exactly;
+      the numerator e_j = exp(s_j - max) within err_s_j + err_max + 4u relative (the exp's 2 ulps
+      and its argument's rounding), err_max <= max_i err_s_i, then rounded to bfloat16: within
+      U_BF16 more, so each e_j within rho = 2 max_i err_s_i + 4u + U_BF16 relative of exact;
+    - the weights e_j / sum_i e_i then within 2 rho relative, and y = sum_j w_j v'_j moves by at
+      most 2 rho sum_j p_j |v'_j|; its fp32 sums (values and denominator: gamma_T each) and the
+      divide add (2 gamma_T + u) sum_j p_j |v'_j|.
+    To first order; doubled for the rest. Any order of the sums (VDPBF16PS pairs or fp32 chains)."""
+    T, H, D = q.shape
+    group = H // k.shape[1]
+
+    def bf16(t):
+        return t.to(torch.bfloat16).double()
+    qd = bf16(q / math.sqrt(D))
+    kd, vd = (bf16(t).repeat_interleave(group, dim=1) for t in (k, v))        # (T, H, D)
+    mask = torch.ones(T, T, dtype=torch.bool).tril() if mask is None else mask
+    scores = torch.einsum("qhd,khd->hqk", qd, kd)
+    p = scores.masked_fill(~mask, float("-inf")).softmax(-1)                   # (H, T, T)
+    exact = torch.einsum("hqk,khd->qhd", p, vd)
+    err_s = gamma(D) * torch.einsum("qhd,khd->hqk", qd.abs(), kd.abs())
+    worst = err_s.masked_fill(~mask, 0).amax(-1, keepdim=True)                # (H, T, 1)
+    rho = 2 * worst + 4 * U32 + U_BF16
+    pv = torch.einsum("hqk,khd->qhd", p, vd.abs())                             # sum_j p_j |v'_j|
+    return exact, 2 * ((2 * rho).permute(1, 0, 2) * pv + (2 * gamma(T) + U32) * pv)
 
 
 def rmsnorm_f32_bound(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -358,6 +400,13 @@ def format_roundings(fmt: str, isa: str):
     return q4_weight, ("int8" if isa else "bf16"), (None if isa else "bf16")
 
 
+def attention_rounding(fmt: str, isa: str) -> str | None:
+    """How attention rounds its operands for weight format `fmt` on kernel path `isa` (a key of
+    ROUND, or None: fp32): q4_1 on the engine's own kernel rounds them to bfloat16
+    (model.Attention.bf16_operands: the query, keys, values and softmax numerators)."""
+    return "bf16" if fmt == "q4_1" and isa else None
+
+
 def rounding_path(fmt: str, isa: str) -> str:
     """The one kernel path that stands for `isa` among those on which format `fmt` makes the same
     roundings (format_roundings: the same weights, the same kinds of activation and result
@@ -380,14 +429,25 @@ def redraw_product(fmt: str, isa: str, generator: torch.Generator):
     those are the same numbers in the engine."""
     weight, x_kind, y_kind = format_roundings(fmt, isa)
 
-    def redraw(kind, x):
-        noise = torch.rand(x.shape, generator=generator, dtype=x.dtype).sub_(0.5)
-        return noise.mul_(STEP[kind](x)).add_(x)        # x + noise * step, in place
-
     def product(x, w):
-        y = redraw(x_kind, x) @ weight(w).to(x.dtype).T
-        return y if y_kind is None else redraw(y_kind, y)
+        y = redraw(x_kind, x, generator) @ weight(w).to(x.dtype).T
+        return y if y_kind is None else redraw(y_kind, y, generator)
     return product
+
+
+def redraw(kind: str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """x moved by a uniform random fraction in [-1/2, 1/2) of its `kind` rounding's step (STEP),
+    independently for every entry: a redrawn rounding (redraw_product)."""
+    noise = torch.rand(x.shape, generator=generator, dtype=x.dtype).sub_(0.5)
+    return noise.mul_(STEP[kind](x)).add_(x)
+
+
+def redraw_operand(fmt: str, isa: str, generator: torch.Generator):
+    """llama_f64's `operand` for format `fmt` on kernel path `isa`: attention's operand roundings
+    (attention_rounding) redrawn as redraw_product redraws the products'; None where attention
+    runs in fp32."""
+    kind = attention_rounding(fmt, isa)
+    return None if kind is None else (lambda x: redraw(kind, x, generator))
 
 
 def chi2_quantile(k: int, p: float) -> float:
@@ -479,7 +539,8 @@ class LogitBounds:
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             _, logits = llama_f64(self.model, self.ids, redraw_product(fmt, isa, generator),
-                                  dtype=torch.float32, batch=REDRAWS)   # (REDRAWS, T, V)
+                                  dtype=torch.float32, batch=REDRAWS,
+                                  operand=redraw_operand(fmt, isa, generator))   # (REDRAWS, T, V)
         total, squares = torch.zeros_like(self.exact), torch.zeros_like(self.exact)
         lp_exact = torch.log_softmax(self.exact, -1)
         top_exact = self.exact.topk(5, dim=-1).indices.sort(-1).values

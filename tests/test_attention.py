@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bounds import attention_f32_bound, fp32_dot_bound, gamma, softmax_sum_bound
+from bounds import attention_bf16_bound, attention_f32_bound, fp32_dot_bound, gamma, softmax_sum_bound
 from kernel_paths import kernel_path  # noqa: F401 (a fixture: every kernel path this CPU offers)
 from core import SamplingParams
 from core.model.attention import MIN_KEYS, PagedBatch, attend, build_group, causal_attention, min_query_rows, paged_attention
@@ -186,13 +186,72 @@ def test_paged_attention_matches_contiguous_attention(path, bs, kernel_path):
         assert torch.equal(values[tables[s]].flatten(0, 1)[: lens[s]], vs[s])  # in its sequence's blocks
 
 
+@pytest.mark.parametrize("bs", [4, 16])
+def test_the_kernels_bf16_operands_stay_within_their_bound(bs, kernel_path):
+    """The kernel's bf16 mode (q4_1's attention) on two sequences in scattered blocks, prefilled in
+    chunks and decoded: within the derived bound (tests/bounds.py) of exact attention on the
+    operands rounded to bfloat16, and not the fp32 mode's result (the mode rounds). The bound needs
+    no run to set it, on AVX-512 BF16 (VDPBF16PS) and on the fp32 chains other CPUs take alike."""
+    kernel = kernel_or_torch("kernel")
+    g = torch.Generator().manual_seed(14)
+    H, Hkv, D = 9, 3, 64
+    lens = [70, 33]
+    tables = [[5, 1, 7, 3, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35],
+              [2, 6, 4, 8, 10, 12, 14, 16, 18]]
+    cache = KVCache(1, 40, bs, Hkv, D)
+    qs = [3 * torch.randn(n, H, D, generator=g) for n in lens]
+    ks = [torch.randn(n, Hkv, D, generator=g) for n in lens]
+    vs = [torch.randn(n, Hkv, D, generator=g) for n in lens]
+    outputs, fp32 = [[], []], [[], []]
+    for chunks in ([(0, 0, 37), (1, 0, 5)], [(0, 37, 32), (1, 5, 27)], [(0, 69, 1), (1, 32, 1)]):
+        q = torch.cat([qs[s][a:a + n] for s, a, n in chunks])
+        k = torch.cat([ks[s][a:a + n] for s, a, n in chunks])
+        v = torch.cat([vs[s][a:a + n] for s, a, n in chunks])
+        batch = paged_batch(cache, tables, chunks, kernel)
+        y = paged_attention(q, k, v, 0, batch, bf16=True)
+        y32 = paged_attention(q, k, v, 0, batch)
+        t = 0
+        for s, _, n in chunks:
+            outputs[s].append(y[t:t + n])
+            fp32[s].append(y32[t:t + n])
+            t += n
+    for s in range(2):
+        got = torch.cat(outputs[s])
+        exact, bound = attention_bf16_bound(qs[s], ks[s], vs[s])
+        assert ((got.double() - exact).abs() <= bound).all()
+        assert not torch.equal(got, torch.cat(fp32[s]))
+
+
+def test_causal_attention_rounds_the_kernels_bf16_operands():
+    """The torch emulation of bf16 operands (Transformer.score, the widgets) is within the same
+    derived bound of exact attention on the rounded operands, and rounds (not the fp32 result)."""
+    g = torch.Generator().manual_seed(15)
+    T, H, Hkv, D = 40, 9, 3, 64
+    q, k, v = 3 * torch.randn(T, H, D, generator=g), torch.randn(T, Hkv, D, generator=g), torch.randn(T, Hkv, D, generator=g)
+    y, probs = causal_attention(q, k, v, bf16=True)
+    exact, bound = attention_bf16_bound(q, k, v)
+    assert ((y.double() - exact).abs() <= bound).all()
+    assert not torch.equal(y, causal_attention(q, k, v)[0])
+    assert torch.allclose(probs.sum(-1), torch.ones(H, T), rtol=0, atol=softmax_sum_bound(T))
+
+
+def test_the_torch_path_refuses_bf16_operands():
+    """bf16 operands are the C++ kernel's: the torch path says so rather than compute fp32."""
+    cache = KVCache(1, 4, 16, 1, 16)
+    batch = paged_batch(cache, [[0]], [(0, 0, 2)], None)
+    with pytest.raises(ValueError, match="bf16"):
+        paged_attention(torch.zeros(2, 1, 16), torch.zeros(2, 1, 16), torch.zeros(2, 1, 16), 0, batch, bf16=True)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 1)], ids=["GQA", "MQA"])
 @pytest.mark.parametrize("bs", [1, 4, 16, 32])
-def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, kernel_path):
+def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, bf16, kernel_path):
     """The C++ kernel's promise (csrc/paged_attention.cpp): a token's output has the same bits
     whatever else is computed with it: its sequence's other queries, other sequences, threads.
     The late decodes run on both threads: one work item per KV head (GQA), or one per query head
-    where there are fewer KV heads than threads (MQA)."""
+    where there are fewer KV heads than threads (MQA). Both modes: fp32 operands and bf16 (whose
+    work items are longer runs of tokens, and whose value pairs end at odd keys)."""
     kernel = kernel_or_torch("kernel")
     g = torch.Generator().manual_seed(6)
     (H, Hkv), D, n = heads, 64, 300
@@ -201,16 +260,16 @@ def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, kernel_path
     q = torch.randn(2 * n, H, D, generator=g)
     k, v = torch.randn(2 * n, Hkv, D, generator=g), torch.randn(2 * n, Hkv, D, generator=g)
     whole = paged_batch(cache, tables, [(0, 0, n), (1, 0, n)], kernel)
-    full = paged_attention(q, k, v, 0, whole)                     # both sequences in one step
+    full = paged_attention(q, k, v, 0, whole, bf16)                     # both sequences in one step
     for t in (0, 1, 15, 16, 17, 40, 150, n - 1):
         for s in (0, 1):
             alone = paged_batch(cache, tables, [(s, t, 1)], kernel)
             row = s * n + t
-            y = paged_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], 0, alone)
+            y = paged_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], 0, alone, bf16)
             assert torch.equal(y[0], full[row]), f"token {t} of sequence {s} alone"
         piece = paged_batch(cache, tables, [(1, t, 3), (0, t, 1)] if t + 3 <= n else [(0, t, 1)], kernel)
         rows = [n + t, n + t + 1, n + t + 2, t] if t + 3 <= n else [t]
-        y = paged_attention(q[rows], k[rows], v[rows], 0, piece)
+        y = paged_attention(q[rows], k[rows], v[rows], 0, piece, bf16)
         assert torch.equal(y, full[rows]), f"tokens at {t} in a small step"
 
 

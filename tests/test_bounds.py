@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from bounds import ROUND, STEP, chi2_quantile, format_roundings, redraw_factor, redraw_product, rounding_path
+from bounds import ROUND, STEP, attention_rounding, chi2_quantile, format_roundings, redraw_factor, redraw_product, rounding_path
 
 
 @pytest.mark.parametrize("p", [1e-9, 1e-3, 0.05, 0.5, 0.99])
@@ -64,16 +64,17 @@ def test_a_redrawn_product_stays_within_half_a_step_per_activation():
 @pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_1"])
 def test_kernel_paths_share_redraws_exactly_where_they_round_alike(fmt):
     """rounding_path names two kernel paths alike (LogitBounds then redraws once for both) if and
-    only if format_roundings gives them the same weights and the same kinds of rounding."""
+    only if format_roundings gives them the same weights and the same kinds of rounding, and
+    attention_rounding the same rounding of attention's operands."""
     w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
     paths = ["avx512vnni", "avx2", ""]
 
     def roundings(isa):
         weight, x_kind, y_kind = format_roundings(fmt, isa)
-        return weight(w), x_kind, y_kind
+        return weight(w), x_kind, y_kind, attention_rounding(fmt, isa)
     for a in paths:
         for b in paths:
-            (wa, xa, ya), (wb, xb, yb) = roundings(a), roundings(b)
-            alike = torch.equal(wa, wb) and (xa, ya) == (xb, yb)
+            (wa, *kinds_a), (wb, *kinds_b) = roundings(a), roundings(b)
+            alike = torch.equal(wa, wb) and kinds_a == kinds_b
             assert (rounding_path(fmt, a) == rounding_path(fmt, b)) == alike, (fmt, a, b)
 

@@ -222,6 +222,19 @@ def test_reference_runs_the_same_weights_in_fp32(tiny_loaded, tiny_model, ids, f
     assert tiny_model.reference() is tiny_model
 
 
+def test_only_q4_1_on_its_own_kernel_rounds_attentions_operands(tiny_loaded):
+    """model.Attention.bf16_operands, what tests/bounds.py's attention_rounding models: q4_1 on the
+    engine's own product (where it runs here), no other format or product."""
+    from bounds import attention_rounding
+    from core.model.linear import q4_kernel_isa
+    for fmt in ("fp32", "bf16", "q8_0", "q4_1"):
+        model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict, fmt)
+        want = attention_rounding(fmt, q4_kernel_isa()) == "bf16"
+        assert [layer.attn.bf16_operands for layer in model.layers] == [want] * len(model.layers), fmt
+    assert q4_kernel_isa() == "" or Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict,
+                                                                "q4_1").layers[0].attn.bf16_operands
+
+
 def test_decode_weight_bytes_counts_each_format(tiny_loaded):
     """What one decode step reads: fp32 4 bytes a weight, bf16 2, q4_1 half a byte plus a bf16
     scale and zero per 32; the tied LM head once (q4_1: its Q8_0 form, a byte a weight and an fp16

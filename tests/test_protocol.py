@@ -194,6 +194,9 @@ def test_hello_comes_first_and_describes_the_model(live_server, ws):
     from core.model.model import Linear
     kernels = [m.kernel for m in live_server.runtime.engine.view.model.modules() if isinstance(m, Linear) and m.kernel]
     assert kernels and {k.activation_rounding for k in kernels} == {h["activation_rounding"]}
+    # and attention's operands: each layer's attention says the same
+    layers = live_server.runtime.engine.view.model.layers
+    assert {"bf16" if layer.attn.bf16_operands else "fp32" for layer in layers} == {h["attention_operands"]}
     limits = h["limits"]
     assert limits["max_tokens_limit"] == 64 and limits["default_max_tokens"] == 16
     assert limits["max_inspect_tokens"] == 64

@@ -143,6 +143,7 @@ def summary(engine, prefill: list, decode: list, bandwidth: float, flop_s: float
         "memory_bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flop_s / 1e9,
         "num_params": num_params, "weight_format": engine.view.config.weight_format.value,
         "activation_rounding": engine.view.model.activation_rounding(),
+        "attention_operands": engine.view.model.attention_operands(),
         "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
         # the roofline's bounds for this model on this machine
         "decode_floor_ms": weight_bytes / bandwidth * 1000.0,

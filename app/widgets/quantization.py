@@ -121,7 +121,8 @@ def format_job(engine, fmt: WeightFormat, ids: list[int], held: list[list[int]],
     figures = {"format": fmt.value, "weight_bytes": model.decode_weight_bytes(),
                "decode_tokens_per_s": tokens_per_s, "decode_step_ms": step_ms,
                "product": kernel.product.value if kernel is not None else "plain",
-               "activation_rounding": model.activation_rounding(), **known}
+               "activation_rounding": model.activation_rounding(),
+               "attention_operands": model.attention_operands(), **known}
     return figures, known, logits
 
 

@@ -81,6 +81,7 @@ class EngineView:
             "kv_bytes_per_token": mc.kv_values_per_token * BYTES_PER_VALUE,
             "weight_format": cfg.weight_format.value,
             "activation_rounding": self.model.activation_rounding(),
+            "attention_operands": self.model.attention_operands(),
             "num_params": sum(p.numel() for p in self.model.parameters()),
         }
 

@@ -19,6 +19,15 @@ sequence's keys and values, so a request gives the same bits alone, batched or c
   MIN_KEYS key slots (the extra ones masked); padding keys or queries never changes a member's
   result. The two paths round differently, so an engine uses one of them throughout.
 
+bfloat16 operands (the q4_1 format on the engine's own kernels, model.Attention.bf16_operands):
+the kernel rounds the query (times 1/sqrt(D)), the keys, the values and the softmax's numerators
+exp(score - max) to bfloat16, and sums their products (exact in fp32) in fp32; the denominator is
+the sum of the rounded numerators. Where the CPU has AVX-512 BF16, VDPBF16PS then does two of those
+multiply-adds per lane and instruction, which halves the arithmetic of a long prompt's attention.
+q4_1 is judged by its quality figures against fp32 (top-5 agreement, KL, perplexity), which
+include these roundings, not by fp32's parity bound. `attend` rounds the same numbers for one whole
+sequence; the torch path of paged_attention has fp32 only.
+
 `attend` and `causal_attention` (the explicit softmax, with the attention weights) also serve the
 widgets that look inside the model (probes.py).
 
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from core.errors import InvalidParameter
 from core.model.kv_cache import KVCache
 from core.model.linear import MIN_GEMM_ROWS
 
@@ -77,7 +87,7 @@ def min_query_rows(num_heads: int, num_kv_heads: int) -> int:
     return MIN_GEMM_ROWS // math.gcd(group, MIN_GEMM_ROWS)
 
 
-def attend(q, k, v, mask, blocked=None, mask_from: int = 0):
+def attend(q, k, v, mask, blocked=None, mask_from: int = 0, bf16: bool = False):
     """Grouped-query attention with an explicit softmax.
 
     q: (S, Q, H, D) queries; k, v: (S, K, Hkv, D); mask: (S, Q, K) True where query may see key.
@@ -89,17 +99,26 @@ def attend(q, k, v, mask, blocked=None, mask_from: int = 0):
     h // (H // Hkv), as in Llama's repeat_kv. The 1/sqrt(D) scale is applied to q before the
     product: for D a power of 4 (64 here) it is a power of two, so the bits are the same as
     scaling the (much larger) scores.
+    bf16: the operands rounded as the C++ kernel's bf16 mode rounds them (the module docstring: bfloat16 operands): the
+    same numbers, summed in another order (one whole sequence: widgets and Transformer.score).
     """
     S, Q, H, D = q.shape
     Hkv = k.shape[2]
     G = H // Hkv
-    q = (q * (1.0 / math.sqrt(D))).view(S, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(S, Hkv, G * Q, D)
+    q = q * (1.0 / math.sqrt(D))
+    if bf16:
+        q, k, v = (to_bf16(t) for t in (q, k, v))
+    q = q.view(S, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(S, Hkv, G * Q, D)
     scores = q @ k.permute(0, 2, 3, 1)                                   # (S, Hkv, G*Q, K), rows (g, i)
     if blocked is None:
         mask_from = first_blocked_column(mask)
         blocked = score_mask(mask[..., mask_from:], G)
     scores[..., mask_from:].masked_fill_(blocked, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if bf16:
+        e = to_bf16(torch.exp(scores - scores.amax(-1, keepdim=True)))  # the numerators, rounded
+        probs = e / e.sum(-1, keepdim=True)
+    else:
+        probs = torch.softmax(scores, dim=-1)
     y = probs @ v.transpose(1, 2)                                        # (S, Hkv, G*Q, D)
     y = y.view(S, Hkv, G, Q, D).permute(0, 3, 1, 2, 4).reshape(S, Q, H, D)
     return y, probs.view(S, H, Q, -1)
@@ -118,12 +137,18 @@ def score_mask(mask, G: int):
     return ~mask[:, None, None].expand(S, 1, G, Q, K).reshape(S, 1, G * Q, K)
 
 
-def causal_attention(q, k, v, eviction: Eviction = FULL):
-    """One whole sequence, no cache. q: (T, H, D), k, v: (T, Hkv, D) -> (T, H, D), (H, T, T)."""
+def to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to bfloat16 (to nearest even), kept as fp32."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def causal_attention(q, k, v, eviction: Eviction = FULL, bf16: bool = False):
+    """One whole sequence, no cache. q: (T, H, D), k, v: (T, Hkv, D) -> (T, H, D), (H, T, T).
+    bf16: the kernel's bf16 operands (attend)."""
     T = q.shape[0]
     pos = torch.arange(T)
     mask = eviction.visible(pos[:, None], pos[None, :])                   # (T, T)
-    y, probs = attend(q[None], k[None], v[None], mask[None])
+    y, probs = attend(q[None], k[None], v[None], mask[None], bf16=bf16)
     return y[0], probs[0]
 
 
@@ -233,18 +258,21 @@ def build_group(seqs, block_size: int, min_rows: int, eviction: Eviction = FULL)
     )
 
 
-def paged_attention(q, k, v, layer: int, batch: PagedBatch):
+def paged_attention(q, k, v, layer: int, batch: PagedBatch, bf16: bool = False):
     """q: (T, H, D), k, v: (T, Hkv, D) for the step's new tokens -> (T, H, D).
 
     Writes the new K and V into their slots first, so a token attends to itself and to all
     earlier tokens of its sequence, whether computed this step or in an earlier one.
+    bf16: the kernel's bfloat16 operands (the module docstring); the torch path has only fp32.
     """
     cache = batch.cache
     if batch.kernel is not None:
         batch.kernel.write_kv(cache.k[layer], cache.v[layer], batch.slot_mapping, k, v)
         return batch.kernel.paged_attention(q, cache.k[layer], cache.v[layer], batch.block_tables,
                                             batch.token_seq, batch.positions, batch.eviction.sink_tokens,
-                                            batch.eviction.window)
+                                            batch.eviction.window, bf16)
+    if bf16:
+        raise InvalidParameter("bf16", "bfloat16 attention operands are the C++ kernel's; the torch path is fp32")
     Hkv, D = k.shape[1], k.shape[2]
     H = q.shape[1]
     keys_pool, values_pool = cache.token_major(layer)          # (blocks, block_size, Hkv, D) views

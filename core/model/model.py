@@ -110,10 +110,18 @@ class Attention(nn.Module):
         q, k = qk[:, :H], qk[:, H:]                              # (T, H, D), (T, Hkv, D)
         v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)               # (T, Hkv, D)
         if batch is not None:
-            y = paged_attention(q, k, v, self.layer, batch)     # (T, H, D)
+            y = paged_attention(q, k, v, self.layer, batch, self.bf16_operands)   # (T, H, D)
         else:
-            y, _ = causal_attention(q, k, v, eviction)          # (T, H, D)
+            y, _ = causal_attention(q, k, v, eviction, self.bf16_operands)       # (T, H, D)
         return self.o_proj(y.reshape(T, H * D))                 # (T, C)
+
+
+    @property
+    def bf16_operands(self) -> bool:
+        """Whether attention rounds its operands to bfloat16 (attention.py): q4_1 on the engine's
+        own products, as the C++ decoder decides it too."""
+        kernel = self.qkv_proj.kernel
+        return kernel is not None and kernel.format is WeightFormat.Q4_1 and kernel.product is Product.OWN
 
 
 class MLP(nn.Module):
@@ -216,6 +224,11 @@ class Transformer(nn.Module):
             if isinstance(m, Experts):
                 kinds |= {k.activation_rounding for pair in m.kernels for k in pair} if m.kernels else {none}
         return kinds.pop() if len(kinds) == 1 else ActivationRounding.MIXED.value
+
+    def attention_operands(self) -> str:
+        """How attention rounds its operands (attention.py): "bf16" (q4_1 on the engine's own
+        products: Attention.bf16_operands) or "fp32"; the pages say it beside the format."""
+        return "bf16" if self.layers[0].attn.bf16_operands else "fp32"
 
     def forward(self, input_ids, positions, batch: PagedBatch | None = None, eviction: Eviction = FULL):
         """input_ids, positions: (T,) -> final hidden states (T, C), normalized. Without a batch,

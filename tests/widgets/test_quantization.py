@@ -39,8 +39,8 @@ PERPLEXITY_BOUND_REASONS = {
             "max|w|/254 off: a new error the 4-bit grid did not have (hence q8_0's larger KL than q4_1's), "
             "and the activations rounded to 8-bit (AVX-512 VNNI) or 16-bit integers per group of 32",
     "q4_1": "the file's own format: the weights are exactly fp32's, so only the activations' rounding "
-            "(8-bit integers per group of 32, llama.cpp's) "
-            "and the LM head's Q8_0 outside the 64 candidates recomputed in fp32 remain",
+            "(8-bit integers per group of 32, llama.cpp's), attention's operands rounded to bfloat16 "
+            "(2^-9 relative each) and the LM head's Q8_0 outside the 64 candidates recomputed in fp32 remain",
 }
 
 
@@ -57,7 +57,10 @@ def check_reply(r, n_tokens: int, serving: str) -> None:
         assert r[f"kl_{f}"] >= 0.0 and math.isfinite(r[f"kl_{f}"])
         assert r[f"decode_tokens_per_s_{f}"] > 0
         assert r[f"perplexity_{f}"] > 1.0 and math.isfinite(r[f"perplexity_{f}"])
-    for row in r["formats"]:
+    from core.model.linear import q4_kernel_isa
+    for row in r["formats"]:                   # attention rounds its operands for q4_1 on our kernel only
+        own_q4 = row["format"] == "q4_1" and row["product"] == "own" and q4_kernel_isa() != ""
+        assert row["attention_operands"] == ("bf16" if own_q4 else "fp32"), row["format"]
         assert len(row["top"]) == n_tokens and all(len(c) == 5 for c in row["top"])
         assert all(c[0]["prob"] >= c[-1]["prob"] for c in row["top"])
         assert len(row["top5_same"]) == n_tokens

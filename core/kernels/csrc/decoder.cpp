@@ -186,11 +186,15 @@ class Decoder {
     const sendlens::StepTokens tokens{T, id, pos, slot, seq, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                                       k_cache.stride(0),
                                       {nullptr, nullptr, block_tables.data_ptr<int64_t>(), blocks, nb, BS, Hkv,
-                                       sink_tokens, window}};
+                                       sink_tokens, window, bf16_operands()}};
     at::Tensor out = at::empty({T, step_->C}, embed_.options());
     sendlens::decode_step(*step_, tokens, out.data_ptr<float>());
     return out;
   }
+
+  // Attention's operands in bfloat16 (paged_attention): Q4_1 on the engine's own products, as
+  // model.Attention.bf16_operands decides it in Python.
+  bool bf16_operands() const { return fmt_ == Q4_1 && products_.product == OWN; }
 
   at::Tensor mlp(const at::Tensor& x, const Layer& l) const {
     return l.down(sendlens::silu_mul(l.gate_up(x, fmt_, products_)), fmt_, products_);  // (T, C)
@@ -207,7 +211,8 @@ class Decoder {
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({T, Hkv, D});
     sendlens::write_kv(k_cache, v_cache, slot_mapping, k, v);
     const at::Tensor y =
-        sendlens::paged_attention(q, k_cache, v_cache, block_tables, token_seq, positions, sink_tokens, window);
+        sendlens::paged_attention(q, k_cache, v_cache, block_tables, token_seq, positions, sink_tokens, window,
+                                  bf16_operands());
     return l.o(y.view({T, H * D}), fmt_, products_);                          // (T, C)
   }
 
@@ -233,7 +238,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &sendlens::write_kv, py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention", &sendlens::paged_attention, py::arg("q"), py::arg("k_pool"), py::arg("v_pool"),
         py::arg("block_tables"), py::arg("token_seq"), py::arg("positions"), py::arg("sink_tokens") = 0,
-        py::arg("window") = 0, py::call_guard<py::gil_scoped_release>());
+        py::arg("window") = 0, py::arg("bf16") = false, py::call_guard<py::gil_scoped_release>());
   m.def("supports_head_dim", &sendlens::supports_head_dim);
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());

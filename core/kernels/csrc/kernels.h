@@ -26,9 +26,12 @@ void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tens
 // q: (T, H, D); block_tables: (S, nb) int64; token_seq, positions: (T,) int64 -> (T, H, D).
 // KV eviction (StreamingLLM): with window > 0 a query at position p sees only keys j < sink_tokens
 // and p - window < j (the others are masked, their blocks kept); window 0 sees every key.
+// bf16: q, k, v and the softmax's numerators rounded to bfloat16, their products summed in fp32
+// (VDPBF16PS where the CPU has it).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                            const at::Tensor& block_tables, const at::Tensor& token_seq,
-                           const at::Tensor& positions, int64_t sink_tokens = 0, int64_t window = 0);
+                           const at::Tensor& positions, int64_t sink_tokens = 0, int64_t window = 0,
+                           bool bf16 = false);
 
 // Whether the kernel handles this head size (a multiple of 16, at most 128).
 bool supports_head_dim(int64_t D);

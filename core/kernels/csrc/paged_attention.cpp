@@ -19,6 +19,10 @@
 // where the row falls in a tile. So a request gives the same bits alone, batched or chunked without
 // padding queries or keys (the torch path in attention.py needs both). Rows are tiled (a few tokens
 // of one sequence and one KV head) only so that a key tile, once in cache, serves many rows.
+//
+// bf16 (the q4_1 format's attention): q, k, v and the numerators e_j rounded to bfloat16, each row
+// still one fixed chain (attention_bf16.h); the denominator sums the rounded e_j. The tile loops
+// are in attention_tiles.h (fp32) and attention_bf16.h; here, a work item's phases and the driver.
 
 #include <ATen/Parallel.h>
 
@@ -28,6 +32,8 @@
 #include <limits>
 #include <vector>
 
+#include "attention_bf16.h"
+#include "attention_tiles.h"
 #include "kernels.h"
 #include "row_kernels.h"
 #include "vec.h"
@@ -35,139 +41,18 @@
 namespace sendlens {
 namespace {
 
-constexpr int64_t TILE_TOKENS = 8;  // query tokens of one sequence per work item
-constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+using namespace attention;  // attention_tiles.h, attention_bf16.h
 
-// Ask for n floats from p to be brought into cache (a block's keys or values: 4 KB in SmolLM2),
-// so that reading them overlaps the arithmetic on the block before.
-inline void prefetch(const float* p, int64_t n) {
-  for (int64_t i = 0; i < n; i += 64 / sizeof(float)) __builtin_prefetch(p + i);
-}
+// Query tokens of one sequence per work item: more with bf16 operands, whose keys and values are
+// converted to bfloat16 pairs once per item (the conversion then serves more rows).
+constexpr int64_t TILE_TOKENS = 8, TILE_TOKENS_BF16 = 16;
 
-using Pools = KvPools;  // row_kernels.h
-
-// Scores of MR rows against one tile of 16 keys: one multiply-add chain per row over d = 0..D-1
-// (the tile's vector for d, times the row's q[d]), MR chains in flight so that none waits.
+// The scores of a work item's R rows in fp32, a tile of 16 keys at a time, for every row that reads
+// into it (MR rows at a time); ktile: scratch (D, 16) for a tile gathered when BS % 16 != 0.
 template <int MR>
-inline void score_tile(const float* qs, int64_t D, const float* tile, int64_t ld, float* scores, int64_t width,
-                       const int64_t* keys, int64_t first_key) {
-  Vec acc[MR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) acc[i] = Vec::set1(0.0f);
-  for (int64_t d = 0; d < D; ++d) {
-    const Vec kd = Vec::load(tile + d * ld);
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) acc[i] = fma(Vec::set1(qs[i * D + d]), kd, acc[i]);
-  }
-  for (int i = 0; i < MR; ++i)
-    if (keys[i] > first_key) first(acc[i], keys[i] - first_key, NEG_INF).store(scores + i * width + first_key);
-}
-
-template <int MR>
-void score_rows(int64_t rows, const float* qs, int64_t D, const float* tile, int64_t ld, float* scores,
-                int64_t width, const int64_t* keys, int64_t first_key) {
-  if constexpr (MR > 1) {
-    if (rows < MR) return score_rows<MR - 1>(rows, qs, D, tile, ld, scores, width, keys, first_key);
-  }
-  score_tile<MR>(qs, D, tile, ld, scores, width, keys, first_key);
-}
-
-// acc_i += e_ij v_j for NR rows i and keys j in [from, to), key by key in order. acc: (NR, D),
-// loaded and stored here, so that it stays in registers in between.
-template <int64_t ND, int NR>
-inline void weigh_range(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
-                        int64_t from, int64_t to, float* acc_rows, bool stream) {
-  constexpr int64_t D = LANES * ND;
+void score_fp32(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R, const float* qs, const int64_t* keys,
+                int64_t tiles, int64_t max_keys, float* ktile, float* scores, int64_t width, bool stream) {
   const int64_t BS = pool.BS;
-  Vec acc[NR][ND];
-#pragma GCC unroll 16
-  for (int i = 0; i < NR; ++i)
-#pragma GCC unroll 16
-    for (int64_t c = 0; c < ND; ++c) acc[i][c] = Vec::load(acc_rows + i * D + c * LANES);
-  for (int64_t j = from; j < to;) {
-    const int64_t b = j / BS, end = std::min(to, (b + 1) * BS);
-    const float* vj = pool.v + ((pool.block(seq, b) * pool.Hkv + h) * BS + j - b * BS) * D;
-    if (stream && end < to) prefetch(pool.v + ((pool.block(seq, b + 1) * pool.Hkv + h) * BS) * D, BS * D);
-    for (; j < end; ++j, vj += D) {
-      Vec v[ND];
-#pragma GCC unroll 16
-      for (int64_t c = 0; c < ND; ++c) v[c] = Vec::load(vj + c * LANES);
-#pragma GCC unroll 16
-      for (int i = 0; i < NR; ++i) {
-        const Vec w = Vec::set1(e[i * width + j]);
-#pragma GCC unroll 16
-        for (int64_t c = 0; c < ND; ++c) acc[i][c] = fma(w, v[c], acc[i][c]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < NR; ++i)
-#pragma GCC unroll 16
-    for (int64_t c = 0; c < ND; ++c) acc[i][c].store(acc_rows + i * D + c * LANES);
-}
-
-// The keys [from, to) for NR rows: together while every row reads them, then each row its own last ones.
-template <int64_t ND, int NR>
-void weigh_block(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width, const int64_t* keys,
-                 int64_t from, int64_t to, float* acc_rows, bool stream) {
-  int64_t fewest = keys[0];
-  for (int i = 1; i < NR; ++i) fewest = std::min(fewest, keys[i]);
-  const int64_t shared = std::min(to, fewest);
-  if (shared > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, shared, acc_rows, stream);
-  for (int i = 0; i < NR; ++i) {
-    const int64_t a = std::max(from, fewest), b = std::min(to, keys[i]);
-    if (b > a) weigh_range<ND, 1>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND, stream);
-  }
-}
-
-template <int64_t ND>
-void weigh_rows(int64_t rows, const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
-                const int64_t* keys, int64_t from, int64_t to, float* acc_rows, bool stream) {
-  switch (rows) {
-    case 1: return weigh_block<ND, 1>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 2: return weigh_block<ND, 2>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 3: return weigh_block<ND, 3>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 4: return weigh_block<ND, 4>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 5: return weigh_block<ND, 5>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    default: return weigh_block<ND, 6>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-  }
-}
-
-// One work item: query tokens [t0, t1) of sequence `seq`, query heads g0 .. g0 + Gs - 1 of the G
-// that read KV head `h`.
-template <int64_t ND>  // D = 16 * ND
-void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, float* out, int64_t H, int64_t G,
-                 int64_t g0, int64_t Gs, int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
-                 std::vector<float>& scratch) {
-  constexpr int64_t D = LANES * ND;
-  // Rows scored together (one accumulator each) and rows weighing values together (ND each), as
-  // many as stay in registers: AVX-512 8 and 6, AVX2 6 and 1 for D = 64 (a spilled accumulator
-  // costs a load and a store per multiply-add). Tiling never changes a row's bits.
-  constexpr int MR = std::min(8, ACC_VECS);
-  constexpr int NR = static_cast<int>(std::clamp<int64_t>(ACC_VECS / ND, 1, 6));
-  constexpr int64_t KEY_BLOCK = 128;
-  const int64_t R = (t1 - t0) * Gs;  // rows (token i, head g0 + g) = i * Gs + g
-  // A few rows (a decode) read each block once, from memory: ask for the next one ahead. Many
-  // rows read it again from cache, where asking would only cost instructions.
-  const bool stream = R <= MR;
-  int64_t max_keys = 0;
-  for (int64_t t = t0; t < t1; ++t) max_keys = std::max(max_keys, positions[t] + 1);
-  const int64_t tiles = (max_keys + LANES - 1) / LANES, width = tiles * LANES;
-  scratch.resize(R * (width + 2 * D + 1) + D * LANES);
-  float* scores = scratch.data();            // (R, width): scores, then exp(score - max)
-  float* qs = scores + R * width;            // (R, D): queries times 1/sqrt(D)
-  float* ktile = qs + R * D;                 // (D, 16): a key tile gathered when BS % 16 != 0
-  float* sums = ktile + D * LANES;           // (R,) softmax denominators
-  std::vector<int64_t> keys(R);              // (R,) how many keys each row reads
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;
-    keys[r] = positions[t] + 1;
-    const float* src = q + t * q_token_stride + head * D;
-    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * scale;
-  }
-  const int64_t BS = pool.BS;
-  // Scores, a tile of 16 keys at a time, for every row that reads into it.
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int64_t first_key = kt * LANES;
     const float* tile;
@@ -195,9 +80,13 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
     while (r0 < R && keys[r0] <= first_key) ++r0;  // rows are in token order: earlier ones end first
     for (; r0 < R; r0 += MR)
       score_rows<MR>(std::min<int64_t>(MR, R - r0), qs + r0 * D, D, tile, ld, scores + r0 * width, width,
-                     keys.data() + r0, first_key);
+                     keys + r0, first_key);
   }
-  // Softmax's numerator in place, and its denominator.
+}
+
+// Softmax's numerators in place over each row's scores (rounded to bfloat16 in bf16 mode), and
+// their sums, the denominators.
+void softmax_rows(const Pools& pool, int64_t R, const int64_t* keys, float* scores, int64_t width, float* sums) {
   for (int64_t r = 0; r < R; ++r) {
     float* row = scores + r * width;
     const int64_t n = keys[r], row_tiles = (n + LANES - 1) / LANES;
@@ -210,6 +99,7 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
     Vec sum = Vec::set1(0.0f);
     for (int64_t kt = 0; kt < row_tiles; ++kt) {
       Vec e = first(exp(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
+      if (pool.bf16) e = round_bf16(e);
       e.store(row + kt * LANES);
       const int64_t a = std::max(hide_from, kt * LANES), b = std::min(hide_to, (kt + 1) * LANES);
       if (b > a) {
@@ -220,17 +110,65 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
     }
     sums[r] = reduce_add(sum);
   }
-  // The values, weighted, key by key: KEY_BLOCK keys at a time (they stay in cache) for every
-  // group of up to NR rows (they share each value vector's load).
-  float* acc = sums + R;                     // (R, D): sum_j e_j v_j
-  std::fill(acc, acc + R * D, 0.0f);
+}
+
+// The values of a work item's R rows weighted in fp32, key by key: KEY_BLOCK keys at a time (they
+// stay in cache) for every group of up to NR rows (they share each value vector's load).
+template <int64_t ND, int NR>
+void weigh_fp32(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int64_t* keys, int64_t max_keys,
+                const float* e, int64_t width, float* acc, bool stream) {
+  constexpr int64_t D = LANES * ND;
   for (int64_t from = 0; from < max_keys; from += KEY_BLOCK) {
     int64_t r0 = 0;
     while (r0 < R && keys[r0] <= from) ++r0;
     for (; r0 < R; r0 += NR)
-      weigh_rows<ND>(std::min<int64_t>(NR, R - r0), pool, seq, h, scores + r0 * width, width, keys.data() + r0,
-                     from, from + KEY_BLOCK, acc + r0 * D, stream);
+      weigh_rows<ND>(std::min<int64_t>(NR, R - r0), pool, seq, h, e + r0 * width, width, keys + r0, from,
+                     from + KEY_BLOCK, acc + r0 * D, stream);
   }
+}
+
+// One work item: query tokens [t0, t1) of sequence `seq`, query heads g0 .. g0 + Gs - 1 of the G
+// that read KV head `h`.
+template <int64_t ND>  // D = 16 * ND
+void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, float* out, int64_t H, int64_t G,
+                 int64_t g0, int64_t Gs, int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
+                 std::vector<float>& scratch) {
+  constexpr int64_t D = LANES * ND;
+  // Rows scored together (one accumulator each) and rows weighing values together (ND each), as
+  // many as stay in registers: AVX-512 8 and 6, AVX2 6 and 1 for D = 64 (a spilled accumulator
+  // costs a load and a store per multiply-add). Tiling never changes a row's bits.
+  constexpr int MR = std::min(8, ACC_VECS);
+  constexpr int NR = static_cast<int>(std::clamp<int64_t>(ACC_VECS / ND, 1, 6));
+  const int64_t R = (t1 - t0) * Gs;  // rows (token i, head g0 + g) = i * Gs + g
+  // A few rows (a decode) read each block once, from memory: ask for the next one ahead. Many
+  // rows read it again from cache, where asking would only cost instructions.
+  const bool stream = R <= MR;
+  int64_t max_keys = 0;
+  for (int64_t t = t0; t < t1; ++t) max_keys = std::max(max_keys, positions[t] + 1);
+  const int64_t tiles = (max_keys + LANES - 1) / LANES, width = tiles * LANES;
+  scratch.resize(R * (width + 2 * D + 1) + D * LANES);
+  float* scores = scratch.data();            // (R, width): scores, then exp(score - max)
+  float* qs = scores + R * width;            // (R, D): queries times 1/sqrt(D)
+  float* ktile = qs + R * D;                 // (D, 16): a key tile gathered when BS % 16 != 0
+  float* sums = ktile + D * LANES;           // (R,) softmax denominators
+  std::vector<int64_t> keys(R);              // (R,) how many keys each row reads
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;
+    keys[r] = positions[t] + 1;
+    const float* src = q + t * q_token_stride + head * D;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * scale;
+    if (pool.bf16)
+      for (int64_t c = 0; c < D; c += LANES) round_bf16(Vec::load(qs + r * D + c)).store(qs + r * D + c);
+  }
+  // Scores, softmax, then the weighted values: each phase for all of the item's rows.
+  if (pool.bf16) score_bf16<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width);
+  else score_fp32<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width, stream);
+  softmax_rows(pool, R, keys.data(), scores, width, sums);
+  float* acc = sums + R;                     // (R, D): sum_j e_j v_j
+  std::fill(acc, acc + R * D, 0.0f);
+  if (pool.bf16) weigh_bf16<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc);
+  else weigh_fp32<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc, stream);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;
     const Vec denom = Vec::set1(sums[r]);
@@ -299,7 +237,7 @@ void attend_token(const KvPools& pools, const float* q, float* out, int64_t H, i
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                            const at::Tensor& block_tables, const at::Tensor& token_seq,
-                           const at::Tensor& positions, int64_t sink_tokens, int64_t window) {
+                           const at::Tensor& positions, int64_t sink_tokens, int64_t window, bool bf16) {
   TORCH_CHECK(sink_tokens >= 0 && window >= 0, "paged_attention: sink_tokens and window must be >= 0");
   const at::Tensor q = q_in.stride(2) == 1 && q_in.stride(1) == q_in.size(2) ? q_in : q_in.contiguous();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
@@ -314,11 +252,12 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   const TileFn fn = tile_function(D);
   TORCH_CHECK(fn != nullptr, "paged_attention: head size ", D, " is not supported");
   const Pools pool{k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), block_tables.data_ptr<int64_t>(),
-                   k_pool.size(0), block_tables.size(1), BS, Hkv, sink_tokens, window};
+                   k_pool.size(0), block_tables.size(1), BS, Hkv, sink_tokens, window, bf16};
   const int64_t S = block_tables.size(0);
   const int64_t* seq_of = token_seq.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   // Work items: runs of up to TILE_TOKENS consecutive tokens of one sequence, times KV heads.
+  const int64_t tile_tokens = bf16 ? TILE_TOKENS_BF16 : TILE_TOKENS;
   std::vector<int64_t> starts;
   int64_t work = 0;
   for (int64_t t = 0; t < T;) {
@@ -326,7 +265,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
     TORCH_CHECK(pos[t] >= 0, "token ", t, " has position ", pos[t]);
     starts.push_back(t);
     int64_t end = t + 1;
-    while (end < T && end - t < TILE_TOKENS && seq_of[end] == seq_of[t]) ++end;
+    while (end < T && end - t < tile_tokens && seq_of[end] == seq_of[t]) ++end;
     for (int64_t i = t; i < end; ++i) work += pos[i] + 1;
     t = end;
   }

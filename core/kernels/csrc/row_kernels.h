@@ -20,6 +20,7 @@ struct KvPools {
   const int64_t* tables;        // (S, nb)
   int64_t num_blocks, nb, BS, Hkv;
   int64_t sink_tokens, window;  // KV eviction: window > 0 hides keys sink_tokens <= j <= position - window
+  bool bf16 = false;            // q, k, v and the softmax's numerators rounded to bfloat16 (paged_attention)
 
   int64_t block(int64_t seq, int64_t index) const {
     TORCH_CHECK(index < nb, "a key's block ", index, " is beyond the block table (", nb, " blocks)");

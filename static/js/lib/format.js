@@ -52,13 +52,17 @@ export const ACTIVATION_ROUNDINGS = {
   mixed: "the activations rounded in more than one way, layer by layer",
 };
 
-export function activationRounding(format, rounding) {
-  return format === "fp32" || format === "bf16" ? "" : ACTIVATION_ROUNDINGS[rounding] || "";
+// attention: how attention rounds its operands (the engine's `attention_operands`): "bf16" for
+// q4_1 on the engine's own kernels, said beside the activations; "fp32" goes unsaid.
+export function activationRounding(format, rounding, attention) {
+  const how = format === "fp32" || format === "bf16" ? "" : ACTIVATION_ROUNDINGS[rounding] || "";
+  const att = attention === "bf16" ? "attention's query, keys, values and weights rounded to bf16" : "";
+  return [how, att].filter(Boolean).join(", ");
 }
 
 // A weight format in words, with how its products round the activations where the engine said so.
-export function weightFormat(name, rounding) {
+export function weightFormat(name, rounding, attention) {
   const base = WEIGHT_FORMATS[name] || `the weights in ${name}`;
-  const how = activationRounding(name, rounding);
+  const how = activationRounding(name, rounding, attention);
   return how ? `${base}, ${how}` : base;
 }

@@ -302,7 +302,7 @@ function listen(w) {
 function start(w, hello, opts) {
   const { view } = w;
   const limits = hello.limits;
-  view.served.textContent = `Served with ${weightFormat(hello.weight_format, hello.activation_rounding)}.`;
+  view.served.textContent = `Served with ${weightFormat(hello.weight_format, hello.activation_rounding, hello.attention_operands)}.`;
   view.maxTokens.max = String(limits.max_tokens_limit);
   if (view.maxTokens.value === "") {
     view.maxTokens.value = String(opts.max_tokens !== null && opts.max_tokens <= limits.max_tokens_limit ? opts.max_tokens : limits.default_max_tokens);

@@ -149,7 +149,7 @@ function renderWhy(v, r) {
   const p = (text) => el("p", { text });
   v.why.replaceChildren(
     p(`Every step reads all ${fmtBytes(r.weight_bytes)} of weights (${fmtNum(r.num_params / 1e6, 3)} M parameters, `
-      + `${weightFormat(r.weight_format, r.activation_rounding)}). `
+      + `${weightFormat(r.weight_format, r.activation_rounding, r.attention_operands)}). `
       + `At ${fmtNum(r.memory_bandwidth_gb_s, 3)} GB/s that alone takes ${fmtMs(r.decode_floor_ms)}.`),
     p(`Decode puts one token through them: about ${fmtNum(r.flops_per_token / 1e6, 3)} MFLOPs, `
       + `${fmtNum(r.decode_intensity, 2)} FLOPs per byte read. This machine can do ${fmtNum(r.machine_balance, 3)} FLOPs `

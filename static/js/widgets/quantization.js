@@ -21,7 +21,7 @@ const FORMAT_WORDS = {
 
 // A row's heading tooltip: the format in words, and how its products rounded the activations here.
 function formatWords(row) {
-  const how = activationRounding(row.format, row.activation_rounding);
+  const how = activationRounding(row.format, row.activation_rounding, row.attention_operands);
   return how ? `${FORMAT_WORDS[row.format]}; ${how}` : FORMAT_WORDS[row.format];
 }
 

@@ -1,0 +1,265 @@
+// Paged attention with bfloat16 operands (Pools::bf16: the q4_1 format's, core/model/attention.py):
+// the query (times 1/sqrt(D)), the keys, the values and the softmax's numerators are rounded to
+// bfloat16, to nearest even; their products are exact in fp32 and are summed in fp32. Where the CPU
+// has AVX-512 BF16, VDPBF16PS takes two dimensions of a score, or two keys of a weighted value, per
+// multiply-add: a fixed chain of pairs per row (each adds its odd product, then its even one).
+// Elsewhere the same rounded numbers go through the fp32 chains of attention_tiles.h. A work item
+// converts its keys and values once, into scratch, for all of its rows. Each row's chain is still
+// fixed by the row alone, so invariance holds as it does in fp32.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "attention_tiles.h"
+
+namespace sendlens::attention {
+
+// a rounded to bfloat16 (to nearest even), kept as floats.
+inline Vec round_bf16(Vec a) {
+#ifdef __AVX512BF16__
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a.v));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+#else
+  uint16_t h[LANES];
+  store_bf16(a, h);
+  return load_bf16(h);
+#endif
+}
+
+// Keys [first, first + n) of sequence `seq`, KV head h, rounded, into dst (D, 16); lanes n.. zero.
+inline void round_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n,
+                           float* dst) {
+  const int64_t BS = pool.BS;
+  if (BS % LANES == 0 && n == LANES) {
+    const float* src = pool.k + ((pool.block(seq, first / BS) * pool.Hkv + h) * D) * BS + first % BS;
+    for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(src + d * BS)).store(dst + d * LANES);
+    return;
+  }
+  for (int64_t i = 0; i < LANES; ++i) {
+    const int64_t key = first + i;
+    const float* src = i < n ? pool.k + ((pool.block(seq, key / BS) * pool.Hkv + h) * D) * BS + key % BS : nullptr;
+    for (int64_t d = 0; d < D; ++d) dst[d * LANES + i] = src ? src[d * BS] : 0.0f;
+  }
+  for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(dst + d * LANES)).store(dst + d * LANES);
+}
+
+// Values of keys [from, to) rounded, into dst (to - from rounded up to even, D); a last odd one's
+// partner zero.
+inline void round_values(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to, float* dst) {
+  const int64_t BS = pool.BS;
+  for (int64_t j = from; j < to; ++j) {
+    const float* src = pool.v + ((pool.block(seq, j / BS) * pool.Hkv + h) * BS + j % BS) * D;
+    for (int64_t c = 0; c < D; c += LANES) round_bf16(Vec::load(src + c)).store(dst + (j - from) * D + c);
+  }
+  if ((to - from) % 2) std::fill(dst + (to - from) * D, dst + (to - from + 1) * D, 0.0f);
+}
+
+#ifdef __AVX512BF16__
+// Sixteen pairs (lo[i], hi[i]) of rounded floats as bfloat16 pairs, lo in the even half.
+inline __m512i pack_pairs(const float* lo, const float* hi) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
+  return _mm512_permutexvar_epi16(order, reinterpret_cast<__m512i>(both));
+}
+inline uint32_t pair_bits(float lo, float hi) {  // two bfloat16 values held in floats
+  uint32_t a, b;
+  std::memcpy(&a, &lo, 4);
+  std::memcpy(&b, &hi, 4);
+  return (a >> 16) | (b & 0xFFFF0000u);
+}
+
+// The values of keys [from, to) (from even) as pairs of keys (pairs, D): a last odd key's partner zero.
+inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to,
+                             float* zeros, uint32_t* out) {
+  const int64_t BS = pool.BS;
+  std::fill(zeros, zeros + D, 0.0f);
+  for (int64_t j = from; j < to; j += 2) {
+    const float* lo = pool.v + ((pool.block(seq, j / BS) * pool.Hkv + h) * BS + j % BS) * D;
+    const float* hi = j + 1 == to ? zeros : BS % 2 == 0 ? lo + D
+                                                          : pool.v + ((pool.block(seq, (j + 1) / BS) * pool.Hkv + h) * BS + (j + 1) % BS) * D;
+    for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(out + (j - from) / 2 * D + c, pack_pairs(lo + c, hi + c));
+  }
+}
+
+// Scores of MR rows against a tile of 16 keys in pairs: qp (MR, D/2) query pairs, kp (D/2, 16) key pairs.
+template <int MR>
+inline void score_pairs(const uint32_t* qp, int64_t D, const uint32_t* kp, float* scores, int64_t width,
+                        const int64_t* keys, int64_t first_key) {
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t m = 0; m < D / 2; ++m) {
+    const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kp + m * LANES));
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+      acc[i] = _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(_mm512_set1_epi32(qp[i * D / 2 + m])), k);
+  }
+  for (int i = 0; i < MR; ++i)
+    if (keys[i] > first_key) first(Vec{acc[i]}, keys[i] - first_key, NEG_INF).store(scores + i * width + first_key);
+}
+template <int MR>
+void score_pair_rows(int64_t rows, const uint32_t* qp, int64_t D, const uint32_t* kp, float* scores, int64_t width,
+                     const int64_t* keys, int64_t first_key) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return score_pair_rows<MR - 1>(rows, qp, D, kp, scores, width, keys, first_key);
+  }
+  score_pairs<MR>(qp, D, kp, scores, width, keys, first_key);
+}
+
+// acc_i += e_i,2p v_2p + e_i,2p+1 v_2p+1 for NR rows and pairs p in [p0, p1): ep (NR rows of pairs, ld
+// pairs apart), vp (pairs, D) value pairs.
+template <int64_t ND, int NR>
+inline void weigh_pairs(const uint32_t* ep, int64_t ld, const uint32_t* vp, int64_t p0, int64_t p1, float* acc_rows) {
+  constexpr int64_t D = LANES * ND;
+  __m512 acc[NR][ND];
+  for (int i = 0; i < NR; ++i)
+    for (int64_t c = 0; c < ND; ++c) acc[i][c] = _mm512_loadu_ps(acc_rows + i * D + c * LANES);
+  for (int64_t p = p0; p < p1; ++p) {
+    __m512bh v[ND];
+    for (int64_t c = 0; c < ND; ++c) v[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vp + p * D + c * LANES));
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(ep[i * ld + p]));
+      for (int64_t c = 0; c < ND; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], w, v[c]);
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int64_t c = 0; c < ND; ++c) _mm512_storeu_ps(acc_rows + i * D + c * LANES, acc[i][c]);
+}
+#endif
+
+// acc_i += e_ij v_j for NR rows and keys j in [j0, j1) of a rounded block vb (keys, D) starting at key
+// `from`: the fp32 chain of weigh_range on rounded values.
+template <int64_t ND, int NR>
+inline void weigh_keys(const float* e, int64_t width, const float* vb, int64_t from, int64_t j0, int64_t j1,
+                       float* acc_rows) {
+  constexpr int64_t D = LANES * ND;
+  Vec acc[NR][ND];
+  for (int i = 0; i < NR; ++i)
+    for (int64_t c = 0; c < ND; ++c) acc[i][c] = Vec::load(acc_rows + i * D + c * LANES);
+  for (int64_t j = j0; j < j1; ++j) {
+    Vec v[ND];
+    for (int64_t c = 0; c < ND; ++c) v[c] = Vec::load(vb + (j - from) * D + c * LANES);
+    for (int i = 0; i < NR; ++i) {
+      const Vec w = Vec::set1(e[i * width + j]);
+      for (int64_t c = 0; c < ND; ++c) acc[i][c] = fma(w, v[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int64_t c = 0; c < ND; ++c) acc[i][c].store(acc_rows + i * D + c * LANES);
+}
+
+// Rows [r0, r0 + NR) over units [from, to) of one value block (keys, or pairs of keys with VDPBF16PS):
+// together while every row reads them, then each row its own last ones; own[i]: row i's units.
+template <int NR, class Run>
+void weigh_group(const int64_t* own, int64_t from, int64_t to, Run run) {
+  int64_t fewest = own[0];
+  for (int i = 1; i < NR; ++i) fewest = std::min(fewest, own[i]);
+  const int64_t shared = std::min(to, fewest);
+  if (shared > from) run(std::integral_constant<int, NR>{}, 0, from, shared);
+  for (int i = 0; i < NR; ++i) {
+    const int64_t a = std::max(from, fewest), b = std::min(to, own[i]);
+    if (b > a) run(std::integral_constant<int, 1>{}, i, a, b);
+  }
+}
+template <class Run>
+void weigh_groups(int64_t rows, const int64_t* own, int64_t from, int64_t to, Run run) {
+  switch (rows) {
+    case 1: return weigh_group<1>(own, from, to, run);
+    case 2: return weigh_group<2>(own, from, to, run);
+    case 3: return weigh_group<3>(own, from, to, run);
+    case 4: return weigh_group<4>(own, from, to, run);
+    case 5: return weigh_group<5>(own, from, to, run);
+    default: return weigh_group<6>(own, from, to, run);
+  }
+}
+
+// The values of a tile's R rows with bfloat16 operands: KEY_BLOCK keys at a time, rounded once into
+// scratch and read there by every group of up to NR rows. e (R, width): the rounded numerators.
+template <int64_t ND, int NR>
+void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int64_t* keys, int64_t max_keys,
+                const float* e, int64_t width, float* acc) {
+  constexpr int64_t D = LANES * ND;
+  thread_local std::vector<float> block;
+  block.resize((KEY_BLOCK + 1) * D);
+#ifdef __AVX512BF16__
+  thread_local std::vector<uint32_t> vpairs, epairs;
+  const int64_t half = width / 2;
+  vpairs.resize(KEY_BLOCK / 2 * D);
+  epairs.resize(R * half);
+  std::vector<int64_t> pairs(R);
+  for (int64_t r = 0; r < R; ++r) {
+    pairs[r] = (keys[r] + 1) / 2;
+    for (int64_t t = 0; t * LANES < keys[r]; ++t)  // neighbouring keys are a pair: each float to its bfloat16 (exact)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(epairs.data() + r * half + t * LANES / 2),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(e + r * width + t * LANES))));
+  }
+#endif
+  for (int64_t from = 0; from < max_keys; from += KEY_BLOCK) {
+    const int64_t to = std::min(max_keys, from + KEY_BLOCK);
+    int64_t r0 = 0;
+    while (r0 < R && keys[r0] <= from) ++r0;
+#ifdef __AVX512BF16__
+    const int64_t n_pairs = (to - from + 1) / 2;
+    pack_value_pairs(pool, seq, h, D, from, to, block.data(), vpairs.data());
+    const uint32_t* vp = vpairs.data() - from / 2 * D;   // indexed by pair number
+    for (; r0 < R; r0 += NR)
+      weigh_groups(std::min<int64_t>(NR, R - r0), pairs.data() + r0, from / 2, from / 2 + n_pairs,
+                   [&](auto rows, int64_t i, int64_t a, int64_t b) {
+                     weigh_pairs<ND, decltype(rows)::value>(epairs.data() + (r0 + i) * half, half, vp, a, b,
+                                                            acc + (r0 + i) * D);
+                   });
+#else
+    round_values(pool, seq, h, D, from, to, block.data());
+    for (; r0 < R; r0 += NR)
+      weigh_groups(std::min<int64_t>(NR, R - r0), keys + r0, from, to, [&](auto rows, int64_t i, int64_t a, int64_t b) {
+        weigh_keys<ND, decltype(rows)::value>(e + (r0 + i) * width, width, block.data(), from, a, b, acc + (r0 + i) * D);
+      });
+#endif
+  }
+}
+
+// The scores of a tile's R rows with bfloat16 operands: each key tile rounded once into kt (D, 16),
+// then scored by every row that reads into it, MR rows at a time. qs (R, D): the rounded queries.
+template <int MR>
+void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R, const float* qs, const int64_t* keys,
+                int64_t tiles, int64_t max_keys, float* kt, float* scores, int64_t width) {
+#ifdef __AVX512BF16__
+  thread_local std::vector<uint32_t> qp, kp;
+  qp.resize(R * D / 2);
+  kp.resize(D / 2 * LANES);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t m = 0; m < D / 2; ++m) qp[r * D / 2 + m] = pair_bits(qs[r * D + 2 * m], qs[r * D + 2 * m + 1]);
+#endif
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t first_key = t * LANES;
+    int64_t r0 = 0;
+    while (r0 < R && keys[r0] <= first_key) ++r0;
+#ifdef __AVX512BF16__
+    const int64_t BS = pool.BS;
+    if (BS % LANES == 0 && max_keys - first_key >= LANES) {  // straight from the pool, rounded by the conversion
+      const float* src = pool.k + ((pool.block(seq, first_key / BS) * pool.Hkv + h) * D) * BS + first_key % BS;
+      for (int64_t m = 0; m < D / 2; ++m)
+        _mm512_storeu_si512(kp.data() + m * LANES, pack_pairs(src + 2 * m * BS, src + (2 * m + 1) * BS));
+    } else {
+      round_key_tile(pool, seq, h, D, first_key, std::min<int64_t>(LANES, max_keys - first_key), kt);
+      for (int64_t m = 0; m < D / 2; ++m)
+        _mm512_storeu_si512(kp.data() + m * LANES, pack_pairs(kt + 2 * m * LANES, kt + (2 * m + 1) * LANES));
+    }
+    for (; r0 < R; r0 += MR)
+      score_pair_rows<MR>(std::min<int64_t>(MR, R - r0), qp.data() + r0 * D / 2, D, kp.data(), scores + r0 * width,
+                          width, keys + r0, first_key);
+#else
+    round_key_tile(pool, seq, h, D, first_key, std::min<int64_t>(LANES, max_keys - first_key), kt);
+    for (; r0 < R; r0 += MR)
+      score_rows<MR>(std::min<int64_t>(MR, R - r0), qs + r0 * D, D, kt, LANES, scores + r0 * width, width, keys + r0,
+                     first_key);
+#endif
+  }
+}
+
+}  // namespace sendlens::attention
