@@ -273,9 +273,11 @@ def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, bf16, kerne
         assert torch.equal(y, full[rows]), f"tokens at {t} in a small step"
 
 
-def test_the_kernel_refuses_blocks_outside_the_pool(threads):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_the_kernel_refuses_blocks_outside_the_pool(threads, bf16):
     """A bad block table is an error that names it, not a read outside the pool, on one thread or
-    from inside the parallel region (a long prefill)."""
+    from inside the parallel region (a long prefill; with bf16 operands, also from the step's
+    conversion of a long chunk's keys and values, before the work items)."""
     kernel = kernel_or_torch("kernel")
     cache = KVCache(1, 4, 16, 1, 16)
     for n in (1, 600):                                           # 600: 2e5 query-key pairs, in parallel
@@ -283,7 +285,7 @@ def test_the_kernel_refuses_blocks_outside_the_pool(threads):
         tables = torch.tensor([[0, 1, 2] + [9] * 61])            # block 9 does not exist
         with pytest.raises(RuntimeError, match="block 9 is outside the pool"):
             kernel.paged_attention(q, cache.k[0], cache.v[0], tables, torch.zeros(n, dtype=torch.long),
-                                   torch.arange(n) + 48)
+                                   torch.arange(n) + 48, 0, 0, bf16)
     with pytest.raises(RuntimeError, match="beyond the block table"):
         kernel.paged_attention(torch.zeros(1, 1, 16), cache.k[0], cache.v[0], torch.tensor([[0]]),
                                torch.tensor([0]), torch.tensor([16]))

@@ -18,6 +18,14 @@
 
 namespace sendlens::attention {
 
+// A sequence's keys and values [0, n) for KV head h, as the work items read them: k (n/16 tiles, D/2, 16)
+// and v (n/2 pairs, D), converted once by the step for all of its items that read them (or null:
+// each item converts its own).
+struct SharedPairs {
+  const uint32_t* k = nullptr;
+  const uint32_t* v = nullptr;
+};
+
 // a rounded to bfloat16 (to nearest even), kept as floats.
 inline Vec round_bf16(Vec a) {
 #ifdef __AVX512BF16__
@@ -84,6 +92,30 @@ inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t 
                                                           : pool.v + ((pool.block(seq, (j + 1) / BS) * pool.Hkv + h) * BS + (j + 1) % BS) * D;
     for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(out + (j - from) / 2 * D + c, pack_pairs(lo + c, hi + c));
   }
+}
+
+// Keys [first, first + 16) of those below n as pairs of dimensions (D/2, 16), lanes from n on zero;
+// kt: scratch (D, 16) for a tile that a block does not hold whole.
+inline void pack_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n, float* kt,
+                          uint32_t* out) {
+  const int64_t BS = pool.BS;
+  if (BS % LANES == 0 && n - first >= LANES) {  // straight from the pool, rounded by the conversion
+    const float* src = pool.k + ((pool.block(seq, first / BS) * pool.Hkv + h) * D) * BS + first % BS;
+    for (int64_t m = 0; m < D / 2; ++m) _mm512_storeu_si512(out + m * LANES, pack_pairs(src + 2 * m * BS, src + (2 * m + 1) * BS));
+    return;
+  }
+  round_key_tile(pool, seq, h, D, first, std::min<int64_t>(LANES, n - first), kt);
+  for (int64_t m = 0; m < D / 2; ++m)
+    _mm512_storeu_si512(out + m * LANES, pack_pairs(kt + 2 * m * LANES, kt + (2 * m + 1) * LANES));
+}
+
+// Block [from, from + KEY_BLOCK) of SharedPairs' k and v, for keys below n. scratch: D * 17 floats.
+inline void pack_block(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t n, float* scratch,
+                       uint32_t* k, uint32_t* v) {
+  const int64_t to = std::min(n, from + KEY_BLOCK);
+  for (int64_t first = from; first < to; first += LANES)
+    pack_key_tile(pool, seq, h, D, first, n, scratch, k + first / LANES * (D / 2 * LANES));
+  pack_value_pairs(pool, seq, h, D, from, to, scratch + D * LANES, v + from / 2 * D);
 }
 
 // Scores of MR rows against a tile of 16 keys in pairs: qp (MR, D/2) query pairs, kp (D/2, 16) key pairs.
@@ -182,7 +214,7 @@ void weigh_groups(int64_t rows, const int64_t* own, int64_t from, int64_t to, Ru
 // scratch and read there by every group of up to NR rows. e (R, width): the rounded numerators.
 template <int64_t ND, int NR>
 void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int64_t* keys, int64_t max_keys,
-                const float* e, int64_t width, float* acc) {
+                const float* e, int64_t width, float* acc, const SharedPairs& shared) {
   constexpr int64_t D = LANES * ND;
   thread_local std::vector<float> block;
   block.resize((KEY_BLOCK + 1) * D);
@@ -205,8 +237,8 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
     while (r0 < R && keys[r0] <= from) ++r0;
 #ifdef __AVX512BF16__
     const int64_t n_pairs = (to - from + 1) / 2;
-    pack_value_pairs(pool, seq, h, D, from, to, block.data(), vpairs.data());
-    const uint32_t* vp = vpairs.data() - from / 2 * D;   // indexed by pair number
+    if (!shared.v) pack_value_pairs(pool, seq, h, D, from, to, block.data(), vpairs.data());
+    const uint32_t* vp = shared.v ? shared.v : vpairs.data() - from / 2 * D;   // indexed by pair number
     for (; r0 < R; r0 += NR)
       weigh_groups(std::min<int64_t>(NR, R - r0), pairs.data() + r0, from / 2, from / 2 + n_pairs,
                    [&](auto rows, int64_t i, int64_t a, int64_t b) {
@@ -227,7 +259,7 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
 // then scored by every row that reads into it, MR rows at a time. qs (R, D): the rounded queries.
 template <int MR>
 void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R, const float* qs, const int64_t* keys,
-                int64_t tiles, int64_t max_keys, float* kt, float* scores, int64_t width) {
+                int64_t tiles, int64_t max_keys, float* kt, float* scores, int64_t width, const SharedPairs& shared) {
 #ifdef __AVX512BF16__
   thread_local std::vector<uint32_t> qp, kp;
   qp.resize(R * D / 2);
@@ -240,19 +272,11 @@ void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
     int64_t r0 = 0;
     while (r0 < R && keys[r0] <= first_key) ++r0;
 #ifdef __AVX512BF16__
-    const int64_t BS = pool.BS;
-    if (BS % LANES == 0 && max_keys - first_key >= LANES) {  // straight from the pool, rounded by the conversion
-      const float* src = pool.k + ((pool.block(seq, first_key / BS) * pool.Hkv + h) * D) * BS + first_key % BS;
-      for (int64_t m = 0; m < D / 2; ++m)
-        _mm512_storeu_si512(kp.data() + m * LANES, pack_pairs(src + 2 * m * BS, src + (2 * m + 1) * BS));
-    } else {
-      round_key_tile(pool, seq, h, D, first_key, std::min<int64_t>(LANES, max_keys - first_key), kt);
-      for (int64_t m = 0; m < D / 2; ++m)
-        _mm512_storeu_si512(kp.data() + m * LANES, pack_pairs(kt + 2 * m * LANES, kt + (2 * m + 1) * LANES));
-    }
+    const uint32_t* tile = shared.k ? shared.k + t * (D / 2 * LANES) : kp.data();
+    if (!shared.k) pack_key_tile(pool, seq, h, D, first_key, max_keys, kt, kp.data());
     for (; r0 < R; r0 += MR)
-      score_pair_rows<MR>(std::min<int64_t>(MR, R - r0), qp.data() + r0 * D / 2, D, kp.data(), scores + r0 * width,
-                          width, keys + r0, first_key);
+      score_pair_rows<MR>(std::min<int64_t>(MR, R - r0), qp.data() + r0 * D / 2, D, tile, scores + r0 * width, width,
+                          keys + r0, first_key);
 #else
     round_key_tile(pool, seq, h, D, first_key, std::min<int64_t>(LANES, max_keys - first_key), kt);
     for (; r0 < R; r0 += MR)

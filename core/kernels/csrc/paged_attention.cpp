@@ -132,7 +132,7 @@ void weigh_fp32(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
 template <int64_t ND>  // D = 16 * ND
 void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, float* out, int64_t H, int64_t G,
                  int64_t g0, int64_t Gs, int64_t seq, int64_t h, int64_t t0, int64_t t1, const int64_t* positions,
-                 std::vector<float>& scratch) {
+                 std::vector<float>& scratch, const SharedPairs& shared) {
   constexpr int64_t D = LANES * ND;
   // Rows scored together (one accumulator each) and rows weighing values together (ND each), as
   // many as stay in registers: AVX-512 8 and 6, AVX2 6 and 1 for D = 64 (a spilled accumulator
@@ -162,12 +162,12 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
       for (int64_t c = 0; c < D; c += LANES) round_bf16(Vec::load(qs + r * D + c)).store(qs + r * D + c);
   }
   // Scores, softmax, then the weighted values: each phase for all of the item's rows.
-  if (pool.bf16) score_bf16<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width);
+  if (pool.bf16) score_bf16<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width, shared);
   else score_fp32<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width, stream);
   softmax_rows(pool, R, keys.data(), scores, width, sums);
   float* acc = sums + R;                     // (R, D): sum_j e_j v_j
   std::fill(acc, acc + R * D, 0.0f);
-  if (pool.bf16) weigh_bf16<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc);
+  if (pool.bf16) weigh_bf16<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc, shared);
   else weigh_fp32<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc, stream);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;
@@ -178,6 +178,46 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
 }
 
 using TileFn = decltype(&attend_tile<1>);
+
+// One KEY_BLOCK of one sequence's keys and values for one KV head, converted for the whole step.
+struct PackJob {
+  int64_t seq, h, from, n;
+  uint32_t* k;
+  uint32_t* v;
+};
+
+// With bfloat16 operands on VDPBF16PS: the sequences that more than one work item reads (a prefill
+// chunk's) have their keys and values converted to pairs once for the step, into `buffer`, instead
+// of once per item. -> shared (S * Hkv) per sequence and KV head (null where an item converts its
+// own), and the conversion jobs. The same conversion either way: the same bits.
+std::vector<PackJob> plan_shared_pairs(const Pools& pool, int64_t S, int64_t D, const std::vector<int64_t>& starts,
+                                       const int64_t* seq_of, const int64_t* pos, std::vector<uint32_t>& buffer,
+                                       std::vector<SharedPairs>& shared) {
+  std::vector<int64_t> items(S, 0), keys(S, 0);
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    const int64_t s = seq_of[starts[i]];
+    ++items[s];
+    for (int64_t t = starts[i]; t < starts[i + 1]; ++t) keys[s] = std::max(keys[s], pos[t] + 1);
+  }
+  shared.assign(S * pool.Hkv, SharedPairs{});
+  std::vector<int64_t> offset(S * pool.Hkv, -1);
+  int64_t total = 0;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < pool.Hkv && items[s] > 1; ++h) {
+      offset[s * pool.Hkv + h] = total;
+      total += (keys[s] + LANES - 1) / LANES * LANES * (D / 2) + (keys[s] + 1) / 2 * D;
+    }
+  buffer.resize(total);
+  std::vector<PackJob> jobs;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < pool.Hkv && items[s] > 1; ++h) {
+      uint32_t* k = buffer.data() + offset[s * pool.Hkv + h];
+      uint32_t* v = k + (keys[s] + LANES - 1) / LANES * LANES * (D / 2);
+      shared[s * pool.Hkv + h] = SharedPairs{k, v};
+      for (int64_t from = 0; from < keys[s]; from += KEY_BLOCK) jobs.push_back({s, h, from, keys[s], k, v});
+    }
+  return jobs;
+}
 
 TileFn tile_function(int64_t D) {
   switch (D) {
@@ -232,7 +272,7 @@ void write_kv_head(float* k_pool, float* v_pool, int64_t BS, int64_t Hkv, int64_
 
 void attend_token(const KvPools& pools, const float* q, float* out, int64_t H, int64_t D, int64_t h, int64_t g0,
                   int64_t Gs, int64_t seq, int64_t position, std::vector<float>& scratch) {
-  tile_function(D)(pools, q, H * D, out, H, H / pools.Hkv, g0, Gs, seq, h, 0, 1, &position, scratch);
+  tile_function(D)(pools, q, H * D, out, H, H / pools.Hkv, g0, Gs, seq, h, 0, 1, &position, scratch, SharedPairs{});
 }
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -282,20 +322,40 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   const int threads = work * H < 1024 ? 1 : at::get_num_threads();
   const int64_t parts = tiles * Hkv < threads ? G : 1, per_part = G / parts;
   const int64_t items = tiles * Hkv * parts;
+  std::vector<SharedPairs> shared(S * Hkv);
+  std::vector<PackJob> jobs;
+#ifdef __AVX512BF16__
+  thread_local std::vector<uint32_t> pairs;  // grows to the largest step's, then stays
+  if (bf16) jobs = plan_shared_pairs(pool, S, D, starts, seq_of, pos, pairs, shared);
+#endif
+  const int64_t n_jobs = static_cast<int64_t>(jobs.size());
   std::exception_ptr failure;
+  auto keep = [&failure] {
+#pragma omp critical
+    if (!failure) failure = std::current_exception();
+  };
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    std::vector<float> scratch;
+    std::vector<float> scratch(D * (LANES + 1));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t j = 0; j < n_jobs; ++j) {
+#ifdef __AVX512BF16__
+      try {
+        pack_block(pool, jobs[j].seq, jobs[j].h, D, jobs[j].from, jobs[j].n, scratch.data(), jobs[j].k, jobs[j].v);
+      } catch (...) {
+        keep();
+      }
+#endif
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < items; ++i) {
       const int64_t item = items - 1 - i, tile = item / (Hkv * parts), h = item / parts % Hkv;
       const int64_t t0 = starts[tile], t1 = starts[tile + 1];
       try {
         fn(pool, qp, q.stride(0), op, H, G, item % parts * per_part, per_part, seq_of[t0], h, t0, t1, pos,
-           scratch);
+           scratch, shared[seq_of[t0] * Hkv + h]);
       } catch (...) {
-#pragma omp critical
-        if (!failure) failure = std::current_exception();
+        keep();
       }
     }
   }
