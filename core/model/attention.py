@@ -99,8 +99,9 @@ def attend(q, k, v, mask, blocked=None, mask_from: int = 0, bf16: bool = False):
     h // (H // Hkv), as in Llama's repeat_kv. The 1/sqrt(D) scale is applied to q before the
     product: for D a power of 4 (64 here) it is a power of two, so the bits are the same as
     scaling the (much larger) scores.
-    bf16: the operands rounded as the C++ kernel's bf16 mode rounds them (the module docstring: bfloat16 operands): the
-    same numbers, summed in another order (one whole sequence: widgets and Transformer.score).
+    bf16: the operands rounded as the C++ kernel's bf16 mode rounds them (the module docstring:
+    bfloat16 operands), the same numbers summed in another order (one whole sequence: the
+    widgets and Transformer.score).
     """
     S, Q, H, D = q.shape
     Hkv = k.shape[2]

@@ -115,7 +115,6 @@ class Attention(nn.Module):
             y, _ = causal_attention(q, k, v, eviction, self.bf16_operands)       # (T, H, D)
         return self.o_proj(y.reshape(T, H * D))                 # (T, C)
 
-
     @property
     def bf16_operands(self) -> bool:
         """Whether attention rounds its operands to bfloat16 (attention.py): q4_1 on the engine's

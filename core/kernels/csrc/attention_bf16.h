@@ -3,9 +3,10 @@
 // bfloat16, to nearest even; their products are exact in fp32 and are summed in fp32. Where the CPU
 // has AVX-512 BF16, VDPBF16PS takes two dimensions of a score, or two keys of a weighted value, per
 // multiply-add: a fixed chain of pairs per row (each adds its odd product, then its even one).
-// Elsewhere the same rounded numbers go through the fp32 chains of attention_tiles.h. A work item
-// converts its keys and values once, into scratch, for all of its rows. Each row's chain is still
-// fixed by the row alone, so invariance holds as it does in fp32.
+// Elsewhere the same rounded numbers go through the fp32 chains of attention_tiles.h. Keys and
+// values are converted once for all the rows that read them: by the step for a prefill chunk's
+// work items (SharedPairs), by the work item itself otherwise, by the same functions. Each row's
+// chain is still fixed by the row alone, so invariance holds as it does in fp32.
 #pragma once
 
 #include <algorithm>
@@ -67,7 +68,7 @@ inline void round_values(const Pools& pool, int64_t seq, int64_t h, int64_t D, i
 }
 
 #ifdef __AVX512BF16__
-// Sixteen pairs (lo[i], hi[i]) of rounded floats as bfloat16 pairs, lo in the even half.
+// Sixteen pairs (lo[i], hi[i]) rounded to bfloat16 pairs (to nearest even), lo in the even half.
 inline __m512i pack_pairs(const float* lo, const float* hi) {
   const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
