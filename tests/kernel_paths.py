@@ -4,7 +4,10 @@ The extension (core/model/native_decoder.py) is built with -march=native, so it 
 has: AVX-512 (and AVX-512 BF16 for q4_1) where present, else AVX2. A test of a bound or of batch
 invariance must hold on every path a user's CPU may take, so on an AVX-512 CPU the same sources
 are also built a second time without AVX-512 (-mno-avx512f turns off every AVX-512 extension),
-which runs the AVX2 kernels; `use_path` puts that build where core's kernel lookups find it.
+which runs the AVX2 kernels; and on an AVX-512 BF16 CPU a third time without BF16
+(-mno-avx512bf16, as on the many AVX-512 CPUs without it), which runs q4_1's attention on its
+bfloat16 operands through the fp32 chains instead of VDPBF16PS. `use_path` puts a build where
+core's kernel lookups find it.
 """
 
 import functools
@@ -20,20 +23,25 @@ def cpu_flags() -> set[str]:
 FLAGS = cpu_flags()
 NATIVE = "native"      # the build for this CPU: AVX-512 where it has it
 AVX2 = "avx2"          # the same sources without AVX-512
-# every path this CPU offers: the native one, and AVX2 too where the native one is AVX-512
-PATHS = [NATIVE] + ([AVX2] if "avx512f" in FLAGS and {"avx2", "fma", "f16c"} <= FLAGS else [])
+AVX512 = "avx512"      # the same sources without AVX-512 BF16
+# every path this CPU offers: the native one, AVX-512 without BF16 where the native one has BF16,
+# and AVX2 where the native one is AVX-512
+PATHS = ([NATIVE] + ([AVX512] if "avx512_bf16" in FLAGS else [])
+         + ([AVX2] if "avx512f" in FLAGS and {"avx2", "fma", "f16c"} <= FLAGS else []))
+WITHOUT = {AVX2: "-mno-avx512f", AVX512: "-mno-avx512bf16"}
 
 
 @functools.cache
-def avx2_extension():
-    """The extension's sources built without AVX-512 (cached by torch under its own name)."""
+def path_extension(path: str):
+    """The extension's sources built for `path` (WITHOUT: the flag that turns an extension off),
+    cached by torch under its own name."""
     from torch.utils import cpp_extension
 
     from core.kernels import loader
 
     loader.extension()                       # the same set-up (ninja on PATH) as the native build
-    return cpp_extension.load(name=loader.build_name() + "_avx2", sources=[str(p) for p in loader.SOURCES],
-                              extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"],
+    return cpp_extension.load(name=f"{loader.build_name()}_{path}", sources=[str(p) for p in loader.SOURCES],
+                              extra_cflags=["-O3", "-march=native", WITHOUT[path], "-fopenmp"],
                               extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -42,7 +50,7 @@ def use_path(path: str, monkeypatch) -> None:
     if path == NATIVE:
         return
     from core.kernels import loader
-    ext = avx2_extension()
+    ext = path_extension(path)
     monkeypatch.setattr(loader, "extension", lambda: ext)
     from core.model import linear
     if linear.q4_kernel() not in (None, ext) or linear.f32_kernel() not in (None, ext):

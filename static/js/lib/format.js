@@ -56,7 +56,7 @@ export const ACTIVATION_ROUNDINGS = {
 // q4_1 on the engine's own kernels, said beside the activations; "fp32" goes unsaid.
 export function activationRounding(format, rounding, attention) {
   const how = format === "fp32" || format === "bf16" ? "" : ACTIVATION_ROUNDINGS[rounding] || "";
-  const att = attention === "bf16" ? "attention's query, keys, values and weights rounded to bf16" : "";
+  const att = attention === "bf16" ? "attention's query, keys, values and softmax weights rounded to bf16" : "";
   return [how, att].filter(Boolean).join(", ");
 }
 
