@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "attention_tiles.h"
@@ -184,31 +183,6 @@ inline void weigh_keys(const float* e, int64_t width, const float* vb, int64_t f
   }
   for (int i = 0; i < NR; ++i)
     for (int64_t c = 0; c < ND; ++c) acc[i][c].store(acc_rows + i * D + c * LANES);
-}
-
-// Rows [r0, r0 + NR) over units [from, to) of one value block (keys, or pairs of keys with VDPBF16PS):
-// together while every row reads them, then each row its own last ones; own[i]: row i's units.
-template <int NR, class Run>
-void weigh_group(const int64_t* own, int64_t from, int64_t to, Run run) {
-  int64_t fewest = own[0];
-  for (int i = 1; i < NR; ++i) fewest = std::min(fewest, own[i]);
-  const int64_t shared = std::min(to, fewest);
-  if (shared > from) run(std::integral_constant<int, NR>{}, 0, from, shared);
-  for (int i = 0; i < NR; ++i) {
-    const int64_t a = std::max(from, fewest), b = std::min(to, own[i]);
-    if (b > a) run(std::integral_constant<int, 1>{}, i, a, b);
-  }
-}
-template <class Run>
-void weigh_groups(int64_t rows, const int64_t* own, int64_t from, int64_t to, Run run) {
-  switch (rows) {
-    case 1: return weigh_group<1>(own, from, to, run);
-    case 2: return weigh_group<2>(own, from, to, run);
-    case 3: return weigh_group<3>(own, from, to, run);
-    case 4: return weigh_group<4>(own, from, to, run);
-    case 5: return weigh_group<5>(own, from, to, run);
-    default: return weigh_group<6>(own, from, to, run);
-  }
 }
 
 // The values of a tile's R rows with bfloat16 operands: KEY_BLOCK keys at a time, rounded once into

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "row_kernels.h"
 #include "vec.h"
@@ -87,31 +88,39 @@ inline void weigh_range(const Pools& pool, int64_t seq, int64_t h, const float* 
     for (int64_t c = 0; c < ND; ++c) acc[i][c].store(acc_rows + i * D + c * LANES);
 }
 
-// The keys [from, to) for NR rows: together while every row reads them, then each row its own last ones.
-template <int64_t ND, int NR>
-void weigh_block(const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width, const int64_t* keys,
-                 int64_t from, int64_t to, float* acc_rows, bool stream) {
-  int64_t fewest = keys[0];
-  for (int i = 1; i < NR; ++i) fewest = std::min(fewest, keys[i]);
+// Rows [0, NR) of a group over units [from, to) of one value block (keys, or pairs of keys with
+// VDPBF16PS): together while every row reads them, then each row its own last ones; own[i]: row
+// i's units. run(rows, i, a, b): rows (an integral_constant) from row i over units [a, b).
+template <int NR, class Run>
+void weigh_group(const int64_t* own, int64_t from, int64_t to, Run run) {
+  int64_t fewest = own[0];
+  for (int i = 1; i < NR; ++i) fewest = std::min(fewest, own[i]);
   const int64_t shared = std::min(to, fewest);
-  if (shared > from) weigh_range<ND, NR>(pool, seq, h, e, width, from, shared, acc_rows, stream);
+  if (shared > from) run(std::integral_constant<int, NR>{}, 0, from, shared);
   for (int i = 0; i < NR; ++i) {
-    const int64_t a = std::max(from, fewest), b = std::min(to, keys[i]);
-    if (b > a) weigh_range<ND, 1>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND, stream);
+    const int64_t a = std::max(from, fewest), b = std::min(to, own[i]);
+    if (b > a) run(std::integral_constant<int, 1>{}, i, a, b);
+  }
+}
+template <class Run>
+void weigh_groups(int64_t rows, const int64_t* own, int64_t from, int64_t to, Run run) {
+  switch (rows) {
+    case 1: return weigh_group<1>(own, from, to, run);
+    case 2: return weigh_group<2>(own, from, to, run);
+    case 3: return weigh_group<3>(own, from, to, run);
+    case 4: return weigh_group<4>(own, from, to, run);
+    case 5: return weigh_group<5>(own, from, to, run);
+    default: return weigh_group<6>(own, from, to, run);
   }
 }
 
+// The keys [from, to) for a group of up to 6 rows of fp32 numerators e (rows, width).
 template <int64_t ND>
 void weigh_rows(int64_t rows, const Pools& pool, int64_t seq, int64_t h, const float* e, int64_t width,
                 const int64_t* keys, int64_t from, int64_t to, float* acc_rows, bool stream) {
-  switch (rows) {
-    case 1: return weigh_block<ND, 1>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 2: return weigh_block<ND, 2>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 3: return weigh_block<ND, 3>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 4: return weigh_block<ND, 4>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    case 5: return weigh_block<ND, 5>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-    default: return weigh_block<ND, 6>(pool, seq, h, e, width, keys, from, to, acc_rows, stream);
-  }
+  weigh_groups(rows, keys, from, to, [&](auto n, int64_t i, int64_t a, int64_t b) {
+    weigh_range<ND, decltype(n)::value>(pool, seq, h, e + i * width, width, a, b, acc_rows + i * LANES * ND, stream);
+  });
 }
 
 }  // namespace sendlens::attention
