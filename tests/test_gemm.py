@@ -303,6 +303,19 @@ def test_the_q4_1_kernel_computes_the_q4_1_weights(kernel_path):
     assert torch.equal(layer(x), y)
 
 
+@NO_Q4_KERNEL
+def test_the_q4_1_kernel_rounds_activations_to_nearest_even(kernel_path):
+    """The activations' rounding (int8_rows.h's round_group, vectorized per instruction set) on
+    halves, near-halves and the clamp: with a group's largest |x| 127 the scale is 1, and weights
+    d = 1, m = 0, q = 1 at column j's own k read each rounded integer back exactly."""
+    x = torch.tensor([[127.0, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5, 1.4999999, -0.50000006,
+                       64.5, -64.5, 0.0, -0.0] + [float(v) + 0.5 for v in range(-8, 8)]])
+    q = torch.eye(32, dtype=torch.uint8)
+    d, m = torch.ones(32, 1), torch.zeros(32, 1)
+    layer = PackedLinear("q4_1", torch.empty(32, 32), q4_blocks=(q, d, m), product=OWN)
+    assert torch.equal(layer(x), torch.round(x).clamp(-INT8_MAX, INT8_MAX))   # torch.round: ties to even
+
+
 def test_each_q4_1_layout_puts_every_q_where_its_kernel_reads_it():
     """pack_q4_1_native, read back by the rule its docstring states (one layout for both instruction
     sets): every q at its place, once."""

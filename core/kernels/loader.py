@@ -1,5 +1,6 @@
 """Build and load the engine's C++ extension (csrc/): the decoder's layers and its own kernels
-(attention, RMSNorm, rotary embedding, SwiGLU's product, fp32, Q4_1 and Q8_0 products).
+(attention, RMSNorm, rotary embedding, SwiGLU's product, fp32, Q4_1 and Q8_0 products, the LM head's
+exact candidates).
 
 It is built on first use with torch's cpp_extension (a C++ compiler and ninja; the first build
 takes a while on a small machine: only decoder.cpp, which binds the kernels to Python, includes
@@ -22,7 +23,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).resolve().parent / "csrc" / name
            for name in ("decoder.cpp", "paged_attention.cpp", "rms_norm.cpp", "rotary.cpp", "silu_mul.cpp",
-                         "f32_matmul.cpp", "q4_matmul.cpp", "q8_matmul.cpp", "decode_step.cpp")]
+                         "f32_matmul.cpp", "q4_matmul.cpp", "q8_matmul.cpp", "decode_step.cpp",
+                         "lm_head.cpp")]
 
 
 def build_name() -> str:

@@ -166,6 +166,7 @@ class Transformer(nn.Module):
         self.lm_head_candidates = 0
         self.lm_head = None  # once packed: a PackedLinear (fp32, bf16), or for q4_1 and q8_0 Q8_0 (PackedQ8_0)
         self.native = None   # the same layers in C++ for the engine's paged batches (native.py), if built
+        self.head_kernel = None  # the engine's extension, for the LM head's candidates (csrc/lm_head.cpp)
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
@@ -194,10 +195,12 @@ class Transformer(nn.Module):
 
     def use_kernels(self, ext) -> None:
         """Normalize, rotate and gate with the engine's kernels (native.kernels(); None: torch's),
-        as the C++ decoder does, so that the Python forward gives its bits."""
+        as the C++ decoder does, so that the Python forward gives its bits; and recompute the LM
+        head's candidates with its kernel (csrc/lm_head.cpp)."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, Rotary, MLP)):
                 module.kernel = ext
+        self.head_kernel = ext
 
     def reference(self) -> "Transformer":
         """The same model multiplying in fp32: a second set of modules over the same fp32 weight
@@ -247,7 +250,9 @@ class Transformer(nn.Module):
             return self.lm_head(hidden)
         logits = self.lm_head(hidden).float()                             # (N, V), rows independent
         k = min(self.lm_head_candidates, logits.shape[-1])
-        if k:
+        if k and self.head_kernel is not None:                           # the same, in one pass a row
+            self.head_kernel.rescore_top(logits, emb, hidden.float().contiguous(), k)
+        elif k:
             top = logits.topk(k, dim=-1, sorted=False).indices           # (N, k)
             exact = (emb[top] * hidden[:, None, :]).sum(-1)              # (N, k), fp32
             logits.scatter_(-1, top, exact)

@@ -38,11 +38,14 @@ inline Vec round_bf16(Vec a) {
 #endif
 }
 
-// Keys [first, first + n) of sequence `seq`, KV head h, rounded, into dst (D, 16); lanes n.. zero.
+// Keys [first, first + n) of sequence `seq`, KV head h, rounded, into dst (D, 16). Where a block
+// holds whole tiles the tile comes straight from it, lanes n.. with whatever the block holds there
+// (as the fp32 path reads them: their scores are masked, so they never reach a row); else lanes
+// n.. are zero.
 inline void round_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n,
                            float* dst) {
   const int64_t BS = pool.BS;
-  if (BS % LANES == 0 && n == LANES) {
+  if (BS % LANES == 0) {
     const float* src = pool.k + ((pool.block(seq, first / BS) * pool.Hkv + h) * D) * BS + first % BS;
     for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(src + d * BS)).store(dst + d * LANES);
     return;
@@ -94,12 +97,12 @@ inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t 
   }
 }
 
-// Keys [first, first + 16) of those below n as pairs of dimensions (D/2, 16), lanes from n on zero;
-// kt: scratch (D, 16) for a tile that a block does not hold whole.
+// Keys [first, first + 16) of those below n as pairs of dimensions (D/2, 16), lanes from n on as
+// round_key_tile leaves them; kt: scratch (D, 16) for a tile that a block does not hold whole.
 inline void pack_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n, float* kt,
                           uint32_t* out) {
   const int64_t BS = pool.BS;
-  if (BS % LANES == 0 && n - first >= LANES) {  // straight from the pool, rounded by the conversion
+  if (BS % LANES == 0) {  // straight from the pool (a last tile too), rounded by the conversion
     const float* src = pool.k + ((pool.block(seq, first / BS) * pool.Hkv + h) * D) * BS + first % BS;
     for (int64_t m = 0; m < D / 2; ++m) _mm512_storeu_si512(out + m * LANES, pack_pairs(src + 2 * m * BS, src + (2 * m + 1) * BS));
     return;

@@ -249,4 +249,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_matmul", &sendlens::q4_matmul, py::call_guard<py::gil_scoped_release>());
   m.def("q8_matmul_available", &sendlens::q8_matmul_available);
   m.def("q8_matmul", &sendlens::q8_matmul, py::call_guard<py::gil_scoped_release>());
+  m.def("rescore_top", &sendlens::rescore_top, py::arg("logits"), py::arg("emb"), py::arg("hidden"), py::arg("k"),
+        py::call_guard<py::gil_scoped_release>());
 }

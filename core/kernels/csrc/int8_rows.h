@@ -11,6 +11,9 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 #include <ATen/Parallel.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -31,23 +34,76 @@ struct IntRows {
   const T* row(int64_t r) const { return xi.data() + r * K; }
 };
 
-// One row of K values rounded per group of 32 to integers in -limit..limit: s = the group's largest
-// |x| / limit. xi: (K,); scale, sum, isum: (K/32,).
+// One group of 32 values rounded, -> its integers' sum: s = the group's largest |x| / limit, then
+// each x * (limit / largest) rounded to the nearest integer (ties to even) and clamped. Written
+// three times with the same arithmetic (the same fp32 products, the same rounding, exact integer
+// sums; the largest |x| is the same in any order), so every CPU gives the same integers.
+template <typename T>
+int32_t round_group(const float* v, int32_t limit, T* q, float& s) {
+  const float top = static_cast<float>(limit);
+#if defined(__AVX512F__)
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  s = amax / top;
+  const __m512 inv = _mm512_set1_ps(amax > 0.0f ? top / amax : 0.0f);
+  const __m512i lo = _mm512_set1_epi32(-limit), hi = _mm512_set1_epi32(limit);
+  auto to_int = [&](__m512 x) {
+    const __m512i i = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_min_epi32(_mm512_max_epi32(i, lo), hi);
+  };
+  const __m512i ia = to_int(a), ib = to_int(b);
+  if constexpr (sizeof(T) == 1) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(ia));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(ib));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_cvtepi32_epi16(ia));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), _mm512_cvtepi32_epi16(ib));
+  }
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib));
+#elif defined(__AVX2__)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4], m = _mm256_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    x[c] = _mm256_loadu_ps(v + 8 * c);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[c]));
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  float amax = 0.0f;
+  for (float l : lanes) amax = std::max(amax, l);
+  s = amax / top;
+  const __m256 inv = _mm256_set1_ps(amax > 0.0f ? top / amax : 0.0f);
+  alignas(32) int32_t ints[32];
+  for (int c = 0; c < 4; ++c)  // the product rounded by the current mode: to nearest, ties to even
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ints + 8 * c), _mm256_cvtps_epi32(_mm256_mul_ps(x[c], inv)));
+  int32_t total = 0;
+  for (int k = 0; k < 32; ++k) {
+    const int32_t i = std::clamp(ints[k], -limit, limit);
+    q[k] = static_cast<T>(i);
+    total += i;
+  }
+  return total;
+#else
+  float amax = 0.0f;
+  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
+  s = amax / top;
+  const float inv = amax > 0.0f ? top / amax : 0.0f;
+  int32_t total = 0;
+  for (int k = 0; k < 32; ++k) {
+    const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -limit, limit);
+    q[k] = static_cast<T>(i);
+    total += i;
+  }
+  return total;
+#endif
+}
+
+// One row of K values rounded per group of 32 (round_group). xi: (K,); scale, sum, isum: (K/32,).
 template <typename T>
 void round_row(const float* x, int64_t K, int32_t limit, T* xi, float* scale, float* sum, int32_t* isum) {
-  const float top = static_cast<float>(limit);
   for (int64_t g = 0; g < K / 32; ++g) {
-    const float* v = x + g * 32;
-    T* q = xi + g * 32;
-    float amax = 0.0f;
-    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
-    const float s = amax / top, inv = amax > 0.0f ? top / amax : 0.0f;
-    int32_t total = 0;
-    for (int k = 0; k < 32; ++k) {
-      const int32_t i = std::clamp(static_cast<int32_t>(std::nearbyint(v[k] * inv)), -limit, limit);
-      q[k] = static_cast<T>(i);
-      total += i;
-    }
+    float s;
+    const int32_t total = round_group<T>(x + g * 32, limit, xi + g * 32, s);
     scale[g] = s;
     sum[g] = s * static_cast<float>(total);
     isum[g] = total;

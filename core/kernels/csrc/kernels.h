@@ -69,4 +69,9 @@ bool q8_matmul_available();
 // q (N/16, K/2, 32) int8, d (N/16, K/32, 16) half -> (M, N) float.
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d);
 
+// The LM head's candidates (lm_head.cpp): in each row of logits (N, V) float, the k largest
+// (ties to the earlier token) replaced in place by their exact fp32 logits, row v of emb (V, C)
+// times the row of hidden (N, C).
+void rescore_top(const at::Tensor& logits, const at::Tensor& emb, const at::Tensor& hidden, int64_t k);
+
 }  // namespace sendlens
