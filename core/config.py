@@ -64,6 +64,13 @@ class WeightFormat(str, Enum):
     Q8_0 = "q8_0"   # llama.cpp's 8-bit groups of 32 (w = d*q), the engine's Q8_0 kernel (AVX2) or two int4 halves
 
 
+class KVCacheDtype(str, Enum):
+    """How the KV pool stores keys and values (core/model/kv_cache.py; vLLM's kv_cache_dtype)."""
+    AUTO = "auto"   # bf16 where attention rounds its operands to bf16 (q4_1 on the engine's kernels), else fp32
+    FP32 = "fp32"   # 4 bytes a value, what attention reads in every format
+    BF16 = "bf16"   # 2 bytes a value, rounded as bf16 attention rounds them: the same bits, twice the tokens
+
+
 class Scheduling(str, Enum):
     CONTINUOUS = "continuous"  # iteration-level: requests join and leave at every step (Orca)
     STATIC = "static"          # a batch runs until all its members finish (the old baseline)
@@ -81,6 +88,7 @@ class EngineConfig:
     block_size: int = 16                  # tokens per KV block (vLLM's default)
     num_kv_blocks: int | None = None      # None: as many as kv_cache_bytes buys
     kv_cache_bytes: int = 1 << 30         # KV pool size when num_kv_blocks is None (1 GiB)
+    kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO  # auto, fp32 or bf16 (only where attention is bf16)
     max_num_seqs: int = 64                # requests running at once (batch slots)
     max_num_batched_tokens: int = 256     # token budget of one step (prefill chunks + decodes)
     chunk_context_tokens: int = 2048      # a prefill chunk at context c costs 1 + c/this budget tokens per token
@@ -118,6 +126,11 @@ class EngineConfig:
         except ValueError:
             raise InvalidParameter("preemption_mode", f"must be one of {[m.value for m in PreemptionMode]}, "
                                    f"got {self.preemption_mode!r}") from None
+        try:
+            self.kv_cache_dtype = KVCacheDtype(self.kv_cache_dtype)
+        except ValueError:
+            raise InvalidParameter("kv_cache_dtype", f"must be one of {[d.value for d in KVCacheDtype]}, "
+                                   f"got {self.kv_cache_dtype!r}") from None
         try:
             self.weight_format = WeightFormat(self.weight_format)
         except ValueError:

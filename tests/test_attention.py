@@ -243,19 +243,21 @@ def test_the_torch_path_refuses_bf16_operands():
         paged_attention(torch.zeros(2, 1, 16), torch.zeros(2, 1, 16), torch.zeros(2, 1, 16), 0, batch, bf16=True)
 
 
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "bf16-pool"])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 1)], ids=["GQA", "MQA"])
 @pytest.mark.parametrize("bs", [1, 4, 16, 32])
-def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, bf16, kernel_path):
+def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, mode, kernel_path):
     """The C++ kernel's promise (csrc/paged_attention.cpp): a token's output has the same bits
     whatever else is computed with it: its sequence's other queries, other sequences, threads.
     The late decodes run on both threads: one work item per KV head (GQA), or one per query head
-    where there are fewer KV heads than threads (MQA). Both modes: fp32 operands and bf16 (whose
-    work items are longer runs of tokens, and whose value pairs end at odd keys)."""
+    where there are fewer KV heads than threads (MQA). Every mode: fp32 operands, bf16 (whose
+    work items are longer runs of tokens, and whose value pairs end at odd keys) on an fp32 pool,
+    and bf16 on a bfloat16 pool (kv_cache_dtype bf16)."""
     kernel = kernel_or_torch("kernel")
     g = torch.Generator().manual_seed(6)
     (H, Hkv), D, n = heads, 64, 300
-    cache = KVCache(1, 2 * (-(-n // bs)) + 2, bs, Hkv, D)
+    bf16 = mode != "fp32"
+    cache = KVCache(1, 2 * (-(-n // bs)) + 2, bs, Hkv, D, "bf16" if mode == "bf16-pool" else "fp32")
     tables = [list(range(1, 1 + -(-n // bs))), list(range(1 + -(-n // bs), 1 + 2 * -(-n // bs)))]
     q = torch.randn(2 * n, H, D, generator=g)
     k, v = torch.randn(2 * n, Hkv, D, generator=g), torch.randn(2 * n, Hkv, D, generator=g)
@@ -289,6 +291,66 @@ def test_the_kernel_refuses_blocks_outside_the_pool(threads, bf16):
     with pytest.raises(RuntimeError, match="beyond the block table"):
         kernel.paged_attention(torch.zeros(1, 1, 16), cache.k[0], cache.v[0], torch.tensor([[0]]),
                                torch.tensor([0]), torch.tensor([16]))
+
+
+@pytest.mark.parametrize("window", [0, 20], ids=["full", "window"])
+@pytest.mark.parametrize("bs", [4, 16, 32])
+def test_a_bf16_pool_gives_the_bits_of_bf16_operands_on_an_fp32_pool(threads, bs, window, kernel_path):
+    """kv_cache_dtype bf16 (kv_cache.py): keys and values rounded once as they are written into a
+    bfloat16 pool, then read as they are, give the bits that bf16 operands give on an fp32 pool,
+    which rounds them at every read: two sequences prefilled in chunks, then decoded (partial key
+    tiles, odd value pairs, blocks of 16 keys or not, with and without an eviction window)."""
+    kernel = kernel_or_torch("kernel")
+    g = torch.Generator().manual_seed(8)
+    H, Hkv, D = 9, 3, 64
+    blocks = 2 * (-(-200 // bs)) + 1
+    pools = {dt: KVCache(1, blocks, bs, Hkv, D, dt) for dt in ("fp32", "bf16")}
+    tables = [list(range(1, 1 + -(-200 // bs))), list(range(1 + -(-200 // bs), blocks))]
+    steps = [[(0, 0, 100), (1, 0, 37)], [(0, 100, 57), (1, 37, 1)], [(0, 157, 1), (1, 38, 1)], [(1, 39, 9)]]
+    for chunks in steps:
+        T = sum(n for _, _, n in chunks)
+        q = torch.randn(T, H, D, generator=g)
+        k, v = torch.randn(T, Hkv, D, generator=g), torch.randn(T, Hkv, D, generator=g)
+        pos = torch.cat([torch.arange(a, a + n) for _, a, n in chunks])
+        seq = torch.cat([torch.full((n,), row) for row, (_, _, n) in enumerate(chunks)])
+        table = torch.tensor([tables[s] for s, _, _ in chunks])
+        slots = torch.cat([torch.tensor(tables[s])[torch.arange(a, a + n) // bs] * bs + torch.arange(a, a + n) % bs
+                           for s, a, n in chunks])
+        out = {}
+        for dt, cache in pools.items():
+            kernel.write_kv(cache.k[0], cache.v[0], slots, k, v)
+            out[dt] = kernel.paged_attention(q, cache.k[0], cache.v[0], table, seq, pos, 2 if window else 0, window,
+                                             True)
+        assert torch.equal(out["bf16"], out["fp32"]), chunks
+    assert torch.equal(pools["bf16"].k, pools["fp32"].k.bfloat16())      # written rounded to nearest even
+    assert torch.equal(pools["bf16"].v, pools["fp32"].v.bfloat16())
+    assert pools["bf16"].nbytes * 2 == pools["fp32"].nbytes
+
+
+def test_the_kernel_refuses_pools_it_cannot_read():
+    """A bfloat16 pool holds bf16 operands only; the two pools are of one dtype."""
+    kernel = kernel_or_torch("kernel")
+    half, full = KVCache(1, 2, 16, 1, 16, "bf16"), KVCache(1, 2, 16, 1, 16)
+    args = (torch.zeros(1, 1, 16), torch.tensor([[0]]), torch.tensor([0]), torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="bf16=True"):
+        kernel.paged_attention(args[0], half.k[0], half.v[0], *args[1:], 0, 0, False)
+    with pytest.raises(RuntimeError, match="both alike"):
+        kernel.paged_attention(args[0], half.k[0], full.v[0], *args[1:], 0, 0, True)
+    with pytest.raises(RuntimeError, match="both alike"):
+        kernel.write_kv(half.k[0], full.v[0], torch.tensor([0]), torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
+
+
+def test_a_pool_is_fp32_or_bf16():
+    from core.errors import InvalidParameter
+    from core.model.kv_cache import kv_dtype
+    assert KVCache(2, 3, 16, 1, 16, "bf16").k.dtype == torch.bfloat16
+    assert KVCache(2, 3, 16, 1, 16).bytes_per_value == 4 and KVCache(2, 3, 16, 1, 16, "bf16").bytes_per_value == 2
+    with pytest.raises(InvalidParameter, match="dtype"):
+        KVCache(1, 1, 16, 1, 16, "auto")
+    assert kv_dtype("auto", "bf16").value == "bf16" and kv_dtype("auto", "fp32").value == "fp32"
+    assert kv_dtype("fp32", "bf16").value == "fp32" and kv_dtype("bf16", "bf16").value == "bf16"
+    with pytest.raises(InvalidParameter, match="kv_cache_dtype"):
+        kv_dtype("bf16", "fp32")
 
 
 # -- batch invariance through the whole model -----------------------------------------------------

@@ -9,6 +9,7 @@ import ctypes
 import mmap
 
 import pytest
+import torch
 
 from core import ContextLengthExceeded, InvalidParameter, SamplingParams
 from core.config import OMP_SPIN_COUNT, EngineConfig
@@ -443,3 +444,57 @@ def test_warmup_can_map_the_whole_kv_pool_and_leaves_it_empty(make_tiny_llm, ass
     assert_pool_clean(touched.engine)
     tokens = [llm.generate(["Hello there"], params)[0].outputs[0].token_ids for llm in (touched, fresh)]
     assert tokens[0] == tokens[1]
+
+
+# -- the KV pool's dtype (kv_cache.py: kv_cache_dtype) ------------------------------------------------
+
+def step_logits(engine, prompts, **params):
+    """Every step's logits (a copy) and each request's tokens, the requests run to the end."""
+    captured, run = [], engine.runner.run
+    engine.runner.run = lambda step: captured.append(run(step).clone()) or captured[-1]
+    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, ignore_eos=True, **params)) for p in prompts]
+    while engine.has_unfinished_requests():
+        engine.step()
+    return captured, [s.token_ids for s in seqs]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(max_num_batched_tokens=32),                                              # chunked prefill, decodes
+    dict(block_size=4, num_kv_blocks=30, preemption_mode="swap", num_swap_blocks=24,
+         enable_prefix_caching=False, max_num_batched_tokens=32),                 # blocks swapped out and in
+], ids=["chunked", "swapped"])
+def test_q4_1_keeps_its_kv_in_bf16_with_the_bits_of_an_fp32_pool(make_tiny_engine, assert_pool_clean, settings):
+    """q4_1's attention rounds keys and values to bf16 as it reads them; its pool keeps them so
+    (kv_cache_dtype auto): every step's logits have the bits of an fp32 pool, block copies and
+    swaps included, and every block comes back."""
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(n)] for i, n in enumerate((5, 41, 70, 9))]
+    runs = {}
+    for dtype in ("fp32", "auto"):
+        engine = make_tiny_engine(weight_format="q4_1", kv_cache_dtype=dtype, **settings)
+        runs[dtype] = step_logits(engine, prompts, max_tokens=12)
+        assert engine.view.kv_stats()["dtype"] == ("fp32" if dtype == "fp32" else "bf16")
+        if "num_swap_blocks" in settings:
+            assert any(row.swapped_out for row in engine.view.trace)
+        assert_pool_clean(engine)
+    (fp32_logits, fp32_tokens), (bf16_logits, bf16_tokens) = runs["fp32"], runs["auto"]
+    assert bf16_tokens == fp32_tokens
+    assert len(bf16_logits) == len(fp32_logits) and all(torch.equal(a, b) for a, b in zip(bf16_logits, fp32_logits))
+
+
+def test_the_kv_pool_dtype_follows_attention_and_says_so(make_tiny_engine):
+    """auto: bf16 exactly where attention's operands are bf16 (q4_1), fp32 elsewhere; the same byte
+    budget then holds twice the blocks, and the engine reports the pool's dtype and bytes a token.
+    bf16 where attention reads fp32 is refused, by name."""
+    budget = 1 << 20
+    fp32, q4 = (make_tiny_engine(weight_format=f, kv_cache_bytes=budget) for f in ("fp32", "q4_1"))
+    assert fp32.runner.cache.k.dtype == torch.float32 and q4.runner.cache.k.dtype == torch.bfloat16
+    assert q4.view.kv_stats()["total_blocks"] == 2 * fp32.view.kv_stats()["total_blocks"]
+    assert q4.view.info()["kv_bytes_per_token"] * 2 == fp32.view.info()["kv_bytes_per_token"]
+    assert (q4.view.info()["kv_cache_dtype"], fp32.view.info()["kv_cache_dtype"]) == ("bf16", "fp32")
+    assert q4.view.kv_stats()["bytes"] <= budget
+    with pytest.raises(InvalidParameter) as err:
+        make_tiny_engine(weight_format="fp32", kv_cache_dtype="bf16")
+    assert err.value.param == "kv_cache_dtype"
+    with pytest.raises(InvalidParameter) as err:
+        EngineConfig(kv_cache_dtype="int8")
+    assert err.value.param == "kv_cache_dtype"

@@ -28,7 +28,6 @@ import torch
 from core.errors import InvalidParameter, is_int
 from core.inspect import probes
 from core.model.attention import Eviction
-from core.model.kv_cache import BYTES_PER_VALUE
 from toy_models.train_router import held_out_ids
 
 from ..jobs import Progress
@@ -89,7 +88,7 @@ _KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # serving mode
 
 def eviction_job(engine, windows: list[int], sinks: int):
     ids = long_text(engine)
-    T, per_token = len(ids), engine.view.model_config.kv_values_per_token * BYTES_PER_VALUE
+    T, per_token = len(ids), engine.view.kv_stats()["bytes_per_token"]   # the serving pool's dtype
     model = engine.view.reference_model
     kept = _KEPT.setdefault(engine.view.model, {})
     runs = [("full", Eviction())] + [(f"window_{w}{suffix}", Eviction(s, w))
@@ -110,6 +109,7 @@ def eviction_job(engine, windows: list[int], sinks: int):
              "kept_tokens": Eviction(sinks, w).kept_tokens(T),
              "kv_bytes": Eviction(sinks, w).kept_tokens(T) * per_token} for w in windows]
     out = {"machine": machine(), "tokens": T, "sinks": sinks, "windows": windows, "kv_bytes_per_token": per_token,
+           "kv_cache_dtype": engine.view.kv_stats()["dtype"],
            "perplexity_full": results["full"], "kv_bytes_full": T * per_token, "rows": rows,
            "engine_window": engine.view.config.kv_window, "engine_sinks": engine.view.config.kv_sink_tokens,
            "text": "the held-out documentation topics of the MoE perplexity table, as one sequence"}

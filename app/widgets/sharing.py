@@ -172,7 +172,7 @@ def summary(sib, names: dict[str, str]) -> dict:
             "recompute_ms": ms(sum(r.duration_s for r in trace
                                    if any(w is not None and w.recompute for w in r.slots))),
             "blocks_swapped": moved, "swap_bytes": moved * block_bytes, "swap_ms": ms(sum(r.swap_s for r in trace)),
-            "host_link_ms": round(host_link_ms(moved * block_bytes), 4)}
+            "host_link_ms": float(f"{host_link_ms(moved * block_bytes):.3g}")}   # 3 significant figures
 
 
 WIDGET = Widget("sharing", messages=(

@@ -8,7 +8,6 @@ through the engine's own verbs (add_request, step, abort, sibling). Call it on t
 thread; EngineLoop publishes copies for other threads.
 """
 
-from core.model.kv_cache import BYTES_PER_VALUE
 
 
 class EngineView:
@@ -78,7 +77,8 @@ class EngineView:
             "max_num_batched_tokens": cfg.max_num_batched_tokens, "scheduling": cfg.scheduling.value,
             "enable_prefix_caching": cfg.enable_prefix_caching,
             "enable_chunked_prefill": cfg.enable_chunked_prefill,
-            "kv_bytes_per_token": mc.kv_values_per_token * BYTES_PER_VALUE,
+            "kv_bytes_per_token": mc.kv_values_per_token * self.cache.bytes_per_value,
+            "kv_cache_dtype": self.cache.dtype.value,
             "weight_format": cfg.weight_format.value,
             "activation_rounding": self.model.activation_rounding(),
             "attention_operands": self.model.attention_operands(),
@@ -110,7 +110,8 @@ class EngineView:
             "cached_blocks": bm.num_cached_blocks,
             "block_size": bm.block_size,
             "bytes": self.cache.nbytes,
-            "bytes_per_token": self.model_config.kv_values_per_token * BYTES_PER_VALUE,
+            "bytes_per_token": self.model_config.kv_values_per_token * self.cache.bytes_per_value,
+            "dtype": self.cache.dtype.value,
         }
 
     def kv_pool_map(self) -> dict:

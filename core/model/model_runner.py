@@ -3,7 +3,8 @@ paged KV cache, return logits (after nano-vllm's ModelRunner).
 
 At start the runner packs the loaded weights in the engine's format (core/model/linear.py), gives
 the model the C++ kernels and decoder where they are built, keeps an fp32 reference model on the
-same weights for the looking-inside widgets, and sizes the KV pool from the engine's byte budget.
+same weights for the looking-inside widgets, and sizes the KV pool from the engine's byte budget
+(in bf16 where attention reads bf16: kv_cache.py).
 Before each step it sets torch's thread count (cpu_share.py), where the engine shares the CPU.
 
 The scheduler says which sequences compute how many tokens; the runner packs those tokens into
@@ -24,7 +25,7 @@ from core.config import EngineConfig
 from core.cpu_share import CpuShare
 from core.kernels.loader import kernels
 from core.model.attention import Eviction, PagedBatch, build_group, min_query_rows, plan_groups
-from core.model.kv_cache import BYTES_PER_VALUE, KVCache
+from core.model.kv_cache import KVCache, bytes_per_value, kv_dtype
 from core.model.model import Transformer
 from core.model.native_decoder import native_decoder
 
@@ -62,14 +63,15 @@ class ModelRunner:
                 self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
             # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
             self.reference_model = self.model.reference()
-        bytes_per_block = config.block_size * mc.kv_values_per_token * BYTES_PER_VALUE
+        dtype = kv_dtype(config.kv_cache_dtype, self.model.attention_operands())   # bf16 where attention is
+        bytes_per_block = config.block_size * mc.kv_values_per_token * bytes_per_value(dtype)
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
-        self.cache = KVCache(mc.num_layers, self.num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        self.cache = KVCache(mc.num_layers, self.num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         # Preemption by swap: a bounded host pool the preempted blocks wait in (core/engine/swap.py).
         self.host_cache = None
         if config.preemption_mode == "swap":
             self.host_cache = KVCache(mc.num_layers, config.num_swap_blocks or self.num_blocks, config.block_size,
-                                      mc.num_kv_heads, mc.head_dim)
+                                      mc.num_kv_heads, mc.head_dim, dtype)
         self.block_size = config.block_size
         self.min_rows = min_query_rows(mc.num_heads, mc.num_kv_heads)
         self.kernel = kernels(mc)  # None: attention.py's torch path

@@ -6,7 +6,9 @@
 // Elsewhere the same rounded numbers go through the fp32 chains of attention_tiles.h. Keys and
 // values are converted once for all the rows that read them: by the step for a prefill chunk's
 // work items (SharedPairs), by the work item itself otherwise, by the same functions. Each row's
-// chain is still fixed by the row alone, so invariance holds as it does in fp32.
+// chain is still fixed by the row alone, so invariance holds as it does in fp32. Pools kept in
+// bfloat16 (Pools::k16, v16: written rounded, by the same rounding) are read without rounding: the
+// same numbers, so the same bits, from half the bytes.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +40,38 @@ inline Vec round_bf16(Vec a) {
 #endif
 }
 
+// Where key `key`'s dimension 0 lies in the key pool (dimension d is d * BS further), and where its
+// value row lies in the value pool: the same places in fp32 pools and in bfloat16 ones.
+inline int64_t key_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t key) {
+  return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * D) * pool.BS + key % pool.BS;
+}
+inline int64_t value_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t key) {
+  return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * pool.BS + key % pool.BS) * D;
+}
+
+// 16 floats from pool index i on, rounded to bfloat16 (already so in a bfloat16 pool).
+inline Vec rounded_key(const Pools& pool, int64_t i) {
+  return pool.k16 ? load_bf16(pool.k16 + i) : round_bf16(Vec::load(pool.k + i));
+}
+inline Vec rounded_value(const Pools& pool, int64_t i) {
+  return pool.v16 ? load_bf16(pool.v16 + i) : round_bf16(Vec::load(pool.v + i));
+}
+
+// 16 floats rounded to bfloat16 as round_bf16 rounds them, as bits: what a bfloat16 pool keeps.
+inline void to_bf16(const float* x, uint16_t* out) {
+#ifdef __AVX512BF16__
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x))));
+#else
+  store_bf16(Vec::load(x), out);
+#endif
+}
+inline float load_bf16_one(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // Keys [first, first + n) of sequence `seq`, KV head h, rounded, into dst (D, 16). Where a block
 // holds whole tiles the tile comes straight from it, lanes n.. with whatever the block holds there
 // (as the fp32 path reads them: their scores are masked, so they never reach a row); else lanes
@@ -46,14 +80,16 @@ inline void round_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D,
                            float* dst) {
   const int64_t BS = pool.BS;
   if (BS % LANES == 0) {
-    const float* src = pool.k + ((pool.block(seq, first / BS) * pool.Hkv + h) * D) * BS + first % BS;
-    for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(src + d * BS)).store(dst + d * LANES);
+    const int64_t at = key_at(pool, seq, h, D, first);
+    for (int64_t d = 0; d < D; ++d) rounded_key(pool, at + d * BS).store(dst + d * LANES);
     return;
   }
   for (int64_t i = 0; i < LANES; ++i) {
-    const int64_t key = first + i;
-    const float* src = i < n ? pool.k + ((pool.block(seq, key / BS) * pool.Hkv + h) * D) * BS + key % BS : nullptr;
-    for (int64_t d = 0; d < D; ++d) dst[d * LANES + i] = src ? src[d * BS] : 0.0f;
+    const int64_t at = i < n ? key_at(pool, seq, h, D, first + i) : -1;
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t j = at + d * BS;
+      dst[d * LANES + i] = at < 0 ? 0.0f : pool.k16 ? load_bf16_one(pool.k16[j]) : pool.k[j];
+    }
   }
   for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(dst + d * LANES)).store(dst + d * LANES);
 }
@@ -61,10 +97,9 @@ inline void round_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D,
 // Values of keys [from, to) rounded, into dst (to - from rounded up to even, D); a last odd one's
 // partner zero.
 inline void round_values(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to, float* dst) {
-  const int64_t BS = pool.BS;
   for (int64_t j = from; j < to; ++j) {
-    const float* src = pool.v + ((pool.block(seq, j / BS) * pool.Hkv + h) * BS + j % BS) * D;
-    for (int64_t c = 0; c < D; c += LANES) round_bf16(Vec::load(src + c)).store(dst + (j - from) * D + c);
+    const int64_t at = value_at(pool, seq, h, D, j);
+    for (int64_t c = 0; c < D; c += LANES) rounded_value(pool, at + c).store(dst + (j - from) * D + c);
   }
   if ((to - from) % 2) std::fill(dst + (to - from) * D, dst + (to - from + 1) * D, 0.0f);
 }
@@ -77,6 +112,13 @@ inline __m512i pack_pairs(const float* lo, const float* hi) {
   const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
   return _mm512_permutexvar_epi16(order, reinterpret_cast<__m512i>(both));
 }
+// Sixteen pairs of bfloat16 values already rounded (a bfloat16 pool's), lo in the even half: the
+// bits pack_pairs gives for the same numbers.
+inline __m512i pairs_of(const uint16_t* lo, const uint16_t* hi) {
+  const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo)));
+  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)));
+  return _mm512_or_si512(l, _mm512_slli_epi32(u, 16));
+}
 inline uint32_t pair_bits(float lo, float hi) {  // two bfloat16 values held in floats
   uint32_t a, b;
   std::memcpy(&a, &lo, 4);
@@ -87,13 +129,18 @@ inline uint32_t pair_bits(float lo, float hi) {  // two bfloat16 values held in 
 // The values of keys [from, to) (from even) as pairs of keys (pairs, D): a last odd key's partner zero.
 inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to,
                              float* zeros, uint32_t* out) {
-  const int64_t BS = pool.BS;
   std::fill(zeros, zeros + D, 0.0f);
+  const uint16_t* zeros16 = reinterpret_cast<const uint16_t*>(zeros);  // D / 2 floats of zero bits: D values
   for (int64_t j = from; j < to; j += 2) {
-    const float* lo = pool.v + ((pool.block(seq, j / BS) * pool.Hkv + h) * BS + j % BS) * D;
-    const float* hi = j + 1 == to ? zeros : BS % 2 == 0 ? lo + D
-                                                          : pool.v + ((pool.block(seq, (j + 1) / BS) * pool.Hkv + h) * BS + (j + 1) % BS) * D;
-    for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(out + (j - from) / 2 * D + c, pack_pairs(lo + c, hi + c));
+    const int64_t lo = value_at(pool, seq, h, D, j), hi = j + 1 == to ? -1 : value_at(pool, seq, h, D, j + 1);
+    uint32_t* dst = out + (j - from) / 2 * D;
+    if (pool.v16) {
+      const uint16_t* odd = hi < 0 ? zeros16 : pool.v16 + hi;
+      for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(dst + c, pairs_of(pool.v16 + lo + c, odd + c));
+    } else {
+      const float* odd = hi < 0 ? zeros : pool.v + hi;
+      for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(dst + c, pack_pairs(pool.v + lo + c, odd + c));
+    }
   }
 }
 
@@ -103,8 +150,12 @@ inline void pack_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, 
                           uint32_t* out) {
   const int64_t BS = pool.BS;
   if (BS % LANES == 0) {  // straight from the pool (a last tile too), rounded by the conversion
-    const float* src = pool.k + ((pool.block(seq, first / BS) * pool.Hkv + h) * D) * BS + first % BS;
-    for (int64_t m = 0; m < D / 2; ++m) _mm512_storeu_si512(out + m * LANES, pack_pairs(src + 2 * m * BS, src + (2 * m + 1) * BS));
+    const int64_t at = key_at(pool, seq, h, D, first);
+    for (int64_t m = 0; m < D / 2; ++m) {
+      const int64_t even = at + 2 * m * BS, odd = even + BS;
+      _mm512_storeu_si512(out + m * LANES, pool.k16 ? pairs_of(pool.k16 + even, pool.k16 + odd)
+                                                    : pack_pairs(pool.k + even, pool.k + odd));
+    }
     return;
   }
   round_key_tile(pool, seq, h, D, first, std::min<int64_t>(LANES, n - first), kt);

@@ -100,8 +100,12 @@ void rotate_and_store(const StepModel& m, const StepTokens& tok, int64_t i, Shar
     for (int64_t h = kv.begin; h < kv.end; ++h) {
       rotary_row(qkv + h * G * D, G, D, D, c, s, qk + h * G * D);       // its queries
       rotary_row(qkv + (H + h) * D, 1, D, D, c, s, qk + (H + h) * D);  // its key
-      write_kv_head(tok.k + i * tok.layer_stride, tok.v + i * tok.layer_stride, tok.pools.BS, Hkv, D, tok.slots[r],
-                    h, qk + (H + h) * D, qkv + (H + Hkv + h) * D);
+      if (tok.k16)
+        write_kv_head(tok.k16 + i * tok.layer_stride, tok.v16 + i * tok.layer_stride, tok.pools.BS, Hkv, D,
+                      tok.slots[r], h, qk + (H + h) * D, qkv + (H + Hkv + h) * D);
+      else
+        write_kv_head(tok.k + i * tok.layer_stride, tok.v + i * tok.layer_stride, tok.pools.BS, Hkv, D, tok.slots[r],
+                      h, qk + (H + h) * D, qkv + (H + Hkv + h) * D);
     }
   }
 }
@@ -111,8 +115,13 @@ void rotate_and_store(const StepModel& m, const StepTokens& tok, int64_t i, Shar
 void attend(const StepModel& m, const StepTokens& tok, int64_t i, Shared& sh, Own& own, int t, int nt) {
   const int64_t H = m.H, Hkv = m.Hkv, D = m.D, G = H / Hkv;
   KvPools pools = tok.pools;
-  pools.k = tok.k + i * tok.layer_stride;
-  pools.v = tok.v + i * tok.layer_stride;
+  if (tok.k16) {
+    pools.k16 = tok.k16 + i * tok.layer_stride;
+    pools.v16 = tok.v16 + i * tok.layer_stride;
+  } else {
+    pools.k = tok.k + i * tok.layer_stride;
+    pools.v = tok.v + i * tok.layer_stride;
+  }
   const int64_t unit = std::lcm(D, int64_t{32}) / D;  // heads whose rows end on a group of 32
   const Share units(H / unit, t, nt);
   const Share heads(units.begin * unit, units.end * unit);

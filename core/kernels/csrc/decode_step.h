@@ -39,7 +39,8 @@ struct StepModel {
 constexpr int64_t MAX_STEP_TOKENS = 8;
 
 // The step's T tokens: each one's id, position, KV slot and row of the block tables, and every
-// layer's pools (layer i's keys at k + i * layer_stride, its values at v + i * layer_stride).
+// layer's pools (layer i's keys at k + i * layer_stride, its values at v + i * layer_stride; in
+// bfloat16 pools, k16 and v16 instead, k and v null).
 struct StepTokens {
   int64_t T;
   const int64_t* ids;
@@ -50,6 +51,8 @@ struct StepTokens {
   float* v;
   int64_t layer_stride;
   KvPools pools;  // the block tables and the pools' shape (its k and v are set per layer)
+  uint16_t* k16 = nullptr;
+  uint16_t* v16 = nullptr;
 };
 
 // The tokens' final hidden states, normalized (Transformer.forward's rows) -> out (T, C). The

@@ -164,7 +164,11 @@ class Decoder {
       TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous(), "decoder: int64 ids, positions, slots and tables");
     TORCH_CHECK(positions.size(0) == T && slot_mapping.size(0) == T && token_seq.size(0) == T,
                 "decoder: one position, slot and sequence per token");
-    TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+    const bool half = k_cache.scalar_type() == at::kBFloat16;
+    TORCH_CHECK((half ? bf16_operands() : k_cache.scalar_type() == at::kFloat) &&
+                    v_cache.scalar_type() == k_cache.scalar_type(),
+                "decoder: float pools, or bfloat16 pools where attention's operands are bf16 (q4_1)");
+    TORCH_CHECK(k_cache.is_contiguous() &&
                     v_cache.is_contiguous() && k_cache.dim() == 5 && k_cache.size(0) >= L &&
                     k_cache.size(2) == Hkv && k_cache.size(3) == D && v_cache.sizes() == at::IntArrayRef(
                         {k_cache.size(0), k_cache.size(1), Hkv, k_cache.size(4), D}),
@@ -183,10 +187,14 @@ class Decoder {
       for (int64_t b = 0; b <= pos[t] / BS; ++b)
         TORCH_CHECK(table[b] >= 0 && table[b] < blocks, "block ", table[b], " is outside the pool");
     }
-    const sendlens::StepTokens tokens{T, id, pos, slot, seq, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                                      k_cache.stride(0),
+    const auto bits = [half](const at::Tensor& t) {
+      return half ? reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()) : nullptr;
+    };
+    const sendlens::StepTokens tokens{T, id, pos, slot, seq, half ? nullptr : k_cache.data_ptr<float>(),
+                                      half ? nullptr : v_cache.data_ptr<float>(), k_cache.stride(0),
                                       {nullptr, nullptr, block_tables.data_ptr<int64_t>(), blocks, nb, BS, Hkv,
-                                       sink_tokens, window, bf16_operands()}};
+                                       sink_tokens, window, bf16_operands()},
+                                      bits(k_cache), bits(v_cache)};
     at::Tensor out = at::empty({T, step_->C}, embed_.options());
     sendlens::decode_step(*step_, tokens, out.data_ptr<float>());
     return out;

@@ -238,24 +238,31 @@ bool supports_head_dim(int64_t D) { return tile_function(D) != nullptr; }
 
 void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots, const at::Tensor& k,
               const at::Tensor& v) {
-  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.scalar_type() == at::kFloat &&
-              v_pool.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "write_kv: float pools and inputs");
+  const bool half = k_pool.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && v_pool.scalar_type() == k_pool.scalar_type() &&
+              (half || k_pool.scalar_type() == at::kFloat) && k.scalar_type() == at::kFloat &&
+              v.scalar_type() == at::kFloat,
+              "write_kv: float or bfloat16 pools (both alike), float keys and values");
   TORCH_CHECK(slots.is_contiguous() && slots.scalar_type() == at::kLong && slots.size(0) == k.size(0),
               "write_kv: one int64 slot per token");
   const int64_t T = k.size(0), Hkv = k.size(1), D = k.size(2), BS = k_pool.size(3);
   const int64_t num_slots = k_pool.size(0) * BS;
   const at::Tensor kc = k.stride(2) == 1 ? k : k.contiguous(), vc = v.stride(2) == 1 ? v : v.contiguous();
+  TORCH_CHECK(!half || D % LANES == 0, "write_kv: a bfloat16 pool takes heads of a multiple of ", LANES);
   const float* kp = kc.data_ptr<float>();
   const float* vp = vc.data_ptr<float>();
-  float* kpool = k_pool.data_ptr<float>();
-  float* vpool = v_pool.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
-    for (int64_t h = 0; h < Hkv; ++h)
-      write_kv_head(kpool, vpool, BS, Hkv, D, slot[t], h,
-                    kp + t * kc.stride(0) + h * kc.stride(1), vp + t * vc.stride(0) + h * vc.stride(1));
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const float* kt = kp + t * kc.stride(0) + h * kc.stride(1);
+      const float* vt = vp + t * vc.stride(0) + h * vc.stride(1);
+      if (half)
+        write_kv_head(reinterpret_cast<uint16_t*>(k_pool.data_ptr<at::BFloat16>()),
+                      reinterpret_cast<uint16_t*>(v_pool.data_ptr<at::BFloat16>()), BS, Hkv, D, slot[t], h, kt, vt);
+      else
+        write_kv_head(k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), BS, Hkv, D, slot[t], h, kt, vt);
+    }
   }
 }
 
@@ -267,6 +274,19 @@ void write_kv_head(float* k_pool, float* v_pool, int64_t BS, int64_t Hkv, int64_
   for (int64_t d = 0; d < D; ++d) {
     kd[d * BS] = k[d];
     vd[d] = v[d];
+  }
+}
+
+void write_kv_head(uint16_t* k_pool, uint16_t* v_pool, int64_t BS, int64_t Hkv, int64_t D, int64_t slot, int64_t h,
+                   const float* k, const float* v) {
+  const int64_t b = slot / BS, off = slot % BS;
+  uint16_t* kd = k_pool + ((b * Hkv + h) * D) * BS + off;
+  uint16_t* vd = v_pool + ((b * Hkv + h) * BS + off) * D;
+  uint16_t bits[LANES];
+  for (int64_t c = 0; c < D; c += LANES) {
+    to_bf16(k + c, bits);
+    for (int64_t i = 0; i < LANES; ++i) kd[(c + i) * BS] = bits[i];
+    to_bf16(v + c, vd + c);
   }
 }
 
@@ -285,14 +305,22 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_pool.is_contiguous() && v_pool.is_contiguous() &&
               k_pool.size(2) == D && v_pool.size(2) == BS && v_pool.size(3) == D && H % Hkv == 0,
               "paged_attention: q (T, H, D), keys (blocks, Hkv, D, BS), values (blocks, Hkv, BS, D)");
+  const bool half = k_pool.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(v_pool.scalar_type() == k_pool.scalar_type() && (half || k_pool.scalar_type() == at::kFloat),
+              "paged_attention: float or bfloat16 pools, both alike");
+  TORCH_CHECK(!half || bf16, "paged_attention: bfloat16 pools hold bf16 operands: pass bf16=True");
   TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong &&
               token_seq.is_contiguous() && token_seq.scalar_type() == at::kLong && token_seq.size(0) == T &&
               positions.is_contiguous() && positions.scalar_type() == at::kLong && positions.size(0) == T,
               "paged_attention: int64 block tables (S, nb), token_seq and positions (T,)");
   const TileFn fn = tile_function(D);
   TORCH_CHECK(fn != nullptr, "paged_attention: head size ", D, " is not supported");
-  const Pools pool{k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), block_tables.data_ptr<int64_t>(),
-                   k_pool.size(0), block_tables.size(1), BS, Hkv, sink_tokens, window, bf16};
+  const auto bits = [half](const at::Tensor& t) {
+    return half ? reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()) : nullptr;
+  };
+  const Pools pool{half ? nullptr : k_pool.data_ptr<float>(), half ? nullptr : v_pool.data_ptr<float>(),
+                   block_tables.data_ptr<int64_t>(), k_pool.size(0), block_tables.size(1), BS, Hkv, sink_tokens,
+                   window, bf16, bits(k_pool), bits(v_pool)};
   const int64_t S = block_tables.size(0);
   const int64_t* seq_of = token_seq.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();

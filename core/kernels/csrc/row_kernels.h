@@ -21,6 +21,8 @@ struct KvPools {
   int64_t num_blocks, nb, BS, Hkv;
   int64_t sink_tokens, window;  // KV eviction: window > 0 hides keys sink_tokens <= j <= position - window
   bool bf16 = false;            // q, k, v and the softmax's numerators rounded to bfloat16 (paged_attention)
+  const uint16_t* k16 = nullptr;  // the pools in bfloat16 (kv_cache.py, kv_cache_dtype "bf16"), k and v then
+  const uint16_t* v16 = nullptr;  // null: only with bf16 operands, whose keys and values they hold rounded
 
   int64_t block(int64_t seq, int64_t index) const {
     TORCH_CHECK(index < nb, "a key's block ", index, " is beyond the block table (", nb, " blocks)");
@@ -42,8 +44,11 @@ void rotary_row(const float* x, int64_t heads, int64_t head_stride, int64_t D, c
 // gate_up (2I,) -> out (I,).
 void silu_mul_row(const float* gate_up, int64_t I, int64_t from, int64_t to, float* out);
 
-// One token's key and value (D each) of KV head h into its slot of one layer's pools (write_kv).
+// One token's key and value (D each) of KV head h into its slot of one layer's pools (write_kv);
+// into bfloat16 pools rounded to nearest even, as bf16 attention rounds them (attention_bf16.h).
 void write_kv_head(float* k_pool, float* v_pool, int64_t BS, int64_t Hkv, int64_t D, int64_t slot, int64_t h,
+                   const float* k, const float* v);
+void write_kv_head(uint16_t* k_pool, uint16_t* v_pool, int64_t BS, int64_t Hkv, int64_t D, int64_t slot, int64_t h,
                    const float* k, const float* v);
 
 // One token's attention (paged_attention) for query heads h * G + g0 .. h * G + g0 + Gs - 1, those

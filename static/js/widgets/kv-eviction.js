@@ -90,7 +90,7 @@ function renderNotes(v, r) {
     + `${first.window} tokens alone it is ${fmtNum(first.perplexity_nosink, 4)}; keeping the first ${r.sinks} tokens as well brings it to `
     + `${fmtNum(first.perplexity, 4)}, against ${fmtNum(r.perplexity_full, 4)} with every key.`
     + (r.rows.length > 1 ? ` At ${last.window} tokens: ${fmtNum(last.perplexity_nosink, 4)} and ${fmtNum(last.perplexity, 4)}.` : "");
-  v.tableNote.textContent = `KV kept: (sinks + window) tokens × ${fmtNum(r.kv_bytes_per_token)} bytes a token (fp32 keys and values, every layer). `
+  v.tableNote.textContent = `KV kept: (sinks + window) tokens × ${fmtNum(r.kv_bytes_per_token)} bytes a token (${r.kv_cache_dtype ?? "fp32"} keys and values, every layer, as this server's pool keeps them). `
     + "The engine applies the rule as a mask in attention (its kv_window and kv_sink_tokens settings) and keeps the blocks, "
     + `so this is what an engine that frees them would hold. This server runs with ${r.engine_window ? `a window of ${r.engine_window} and ${r.engine_sinks} sinks` : "full attention"}.`;
 }

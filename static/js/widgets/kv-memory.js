@@ -104,7 +104,8 @@ export function renderLive(view, p) {
   view.liveCheck.classList.toggle("is-ok", mine === p.live_pool_bytes_per_token);
   view.liveNote.textContent = `This server's engine keeps ${names}: `
     + `${fmtNum(p.kv_bytes)} bytes for ${fmtNum(p.total_blocks)} blocks × ${p.block_size} = ${fmtNum(p.token_slots)} token slots. `
-    + `It stores ${p.dtype} whatever the weights' format, so each token costs ${p.bytes_per_value / 2}× the bf16 figure.`;
+    + `It stores ${p.dtype}, ${p.bytes_per_value} bytes a value: bfloat16 where attention rounds its keys and values to bf16 `
+    + "(q4_1 on the engine's kernels), float32 in the other formats.";
 }
 
 export function mount(root, ctx) {
