@@ -310,3 +310,17 @@ def test_overflowing_logits_fall_back_to_the_argmax():
 def test_a_vanishing_temperature_means_greedy(t):
     assert SamplingParams(temperature=t).temperature == 0.0
     assert SamplingParams(temperature=t).greedy
+
+
+def test_greedy_rows_take_the_first_largest_logit_as_torch_does():
+    """argmax_rows (numpy's scan) against torch.argmax: ties to the first, NaN as the largest, a row
+    of -inf, and a bfloat16 row (torch's own reduction)."""
+    from core.model.sampler import argmax_rows
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 300, generator=g)
+    x[1, 3] = x[1, 7] = 50.0
+    x[2, 9] = float("nan")
+    x[3] = float("-inf")
+    x[4] = 0.0
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1)) and argmax_rows(x).tolist()[1:5] == [3, 9, 0, 0]
+    assert torch.equal(argmax_rows(x.bfloat16()), x.bfloat16().argmax(dim=-1))

@@ -79,7 +79,9 @@ def test_sinks_beat_the_window_alone_on_the_real_model(real_ws):
     """StreamingLLM's finding on SmolLM2: a trained model parks attention on the first tokens, so a
     window that drops them reads the text worse than the same window with a few sinks kept."""
     r = real_ws.job("kv_eviction", timeout=900, windows=[64, 256], sinks=4)
-    check_reply(r, [64, 256], 4, 2 * 30 * 3 * 64 * 4)
+    value_bytes = {"fp32": 4, "bf16": 2}[real_ws.hello["kv_cache_dtype"]]   # bf16 where attention is (q4_1)
+    assert r["kv_cache_dtype"] == real_ws.hello["kv_cache_dtype"]
+    check_reply(r, [64, 256], 4, 2 * 30 * 3 * 64 * value_bytes)
     for row in r["rows"]:
         assert row["perplexity_nosink"] > row["perplexity"] > r["perplexity_full"]
 

@@ -62,13 +62,16 @@ def test_live_pool_matches_the_transformers_config(real_ws, hf_reference):
     c = hf_model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     r = real_ws.call("kv_pool")
-    assert r["dtype"] == "float32"
-    assert r["live_pool_bytes_per_token"] == 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4 == 46_080
+    # the pool keeps bf16 exactly where attention reads bf16 (q4_1 on the engine's kernels)
+    bf16 = real_ws.hello["attention_operands"] == "bf16"
+    assert r["dtype"] == ("bfloat16" if bf16 else "float32") and r["bytes_per_value"] == (2 if bf16 else 4)
+    assert r["live_pool_bytes_per_token"] == 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * \
+        r["bytes_per_value"] == (23_040 if bf16 else 46_080) == real_ws.hello["kv_bytes_per_token"]
 
 
 @pytest.mark.browser
 @pytest.mark.real_model
-def test_calculator_presets_in_the_browser(pg, artifacts_dir):
+def test_calculator_presets_in_the_browser(pg, real_ws, artifacts_dir):
     shoot_widget(pg, "kv-memory", artifacts_dir, "?preset=deepseek-v3&dtype=fp8&context=131072&batch=8")
     page = pg.page
     pg.goto("/embed/kv-memory")
@@ -85,8 +88,10 @@ def test_calculator_presets_in_the_browser(pg, artifacts_dir):
     page.select_option(f'{KVM} select[name="preset"]', "smollm2-135m")
     page.select_option(f'{KVM} select[name="dtype"]', "bf16")
     assert figure_value(page, "kv_bytes_per_token", KVM) == 23_040
-    # the live pool: the engine's tensors over its slots, and the calculator agrees at fp32
-    assert figure_value(page, "live_pool_bytes_per_token", KVM) == 46_080
+    # the live pool: the engine's tensors over its slots (bf16 where attention is), and the
+    # calculator agrees at the pool's dtype
+    assert figure_value(page, "live_pool_bytes_per_token", KVM) == real_ws.call("kv_pool")["live_pool_bytes_per_token"]
+    assert figure_value(page, "live_pool_bytes_per_token", KVM) == real_ws.hello["kv_bytes_per_token"]
     assert "✓" in page.inner_text(f"{KVM} .kvm-check")
     pg.assert_clean()
 
