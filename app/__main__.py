@@ -9,6 +9,7 @@ environment variables, then their defaults (docs/settings.md).
 """
 
 import argparse
+import gc
 import logging
 import signal
 
@@ -24,12 +25,22 @@ def build_config(args) -> ServerConfig:
     return ServerConfig.from_mapping(values)
 
 
+def freeze_startup_objects() -> None:
+    """Once the app is loaded: every object alive now (the model's modules, the tokenizer, the
+    libraries) lives as long as the process, so it leaves the garbage collector's passes
+    (gc.freeze, as vLLM does after start-up). A full pass over them all would be a stall landing
+    on whichever engine step the collector chose (the README's benchmark notes say how long)."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve_gunicorn(config: ServerConfig, host: str, port: int) -> None:
     from gunicorn.app.base import BaseApplication
 
     from . import create_app
 
     def post_worker_init(worker):
+        freeze_startup_objects()
         # gunicorn's SIGTERM only stops accepting; our websockets would run until the graceful
         # timeout. Tell the app first, so every connection ends cleanly and quickly.
         previous = signal.getsignal(signal.SIGTERM)
@@ -87,7 +98,9 @@ def main(argv=None) -> None:
         from werkzeug.serving import run_simple
 
         from . import create_app
-        run_simple(args.host, args.port, create_app(config), threaded=True, use_reloader=False)
+        application = create_app(config)
+        freeze_startup_objects()
+        run_simple(args.host, args.port, application, threaded=True, use_reloader=False)
     else:
         serve_gunicorn(config, args.host, args.port)
 

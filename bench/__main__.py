@@ -22,6 +22,7 @@ import os
 from core.config import OMP_DEFAULTS_SET  # noqa: E402  (before torch)
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import platform  # noqa: E402
@@ -165,6 +166,11 @@ def run(args) -> dict:
     if why_not:
         missing["the classroom (bench.load)"] = why_not
     machine_limits = limits.measure(args.quick)
+    # Every system lives in this one process: the garbage collector's full pass over all of their
+    # objects would land on whichever turn it chose. What the systems loaded leaves its passes
+    # now, and each turn starts with the leftovers of the last one collected.
+    gc.collect()
+    gc.freeze()
     results: dict = {}
     for rnd in range(max(s["rounds"] for s in plan(args))):
         for scenario in plan(args):
@@ -179,6 +185,7 @@ def run(args) -> dict:
                           for _ in range(scenario.get("competitors", 0))]
                 for p in rivals:
                     p.start()
+                gc.collect()                    # the last turn's garbage, not during this one
                 load = os.getloadavg()[0]
                 torch.set_num_threads(threads)  # ours may have dropped to fewer beside a busy process
                 try:
