@@ -130,7 +130,7 @@ inline uint32_t pair_bits(float lo, float hi) {  // two bfloat16 values held in 
 inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to,
                              float* zeros, uint32_t* out) {
   std::fill(zeros, zeros + D, 0.0f);
-  const uint16_t* zeros16 = reinterpret_cast<const uint16_t*>(zeros);  // D / 2 floats of zero bits: D values
+  const uint16_t* zeros16 = reinterpret_cast<const uint16_t*>(zeros);  // the D floats' zero bits: 2D bf16 zeros
   for (int64_t j = from; j < to; j += 2) {
     const int64_t lo = value_at(pool, seq, h, D, j), hi = j + 1 == to ? -1 : value_at(pool, seq, h, D, j + 1);
     uint32_t* dst = out + (j - from) / 2 * D;
