@@ -50,9 +50,10 @@ class KVCache:
     def __init__(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim,
                  dtype: KVCacheDtype | str = KVCacheDtype.FP32):
         # Zeros: numpy's zeros come from calloc, so the OS hands out zeroed pages only when a
-        # block is first written, and a 1 GiB pool costs nothing up front. Attention never reads
-        # a slot beyond a token's position (the torch path reads whole blocks and masks them,
-        # where 0 * garbage could be NaN; zeros keep that safe too). numpy has no bfloat16: its
+        # block is first written, and a 1 GiB pool costs nothing up front. Attention never uses
+        # a slot beyond a token's position (the kernel reads a last tile of keys whole and masks
+        # its scores; the torch path reads whole blocks and masks them, where 0 * garbage could
+        # be NaN; zeros keep that safe too). numpy has no bfloat16: its
         # uint16 zeros, viewed as bfloat16, are the same zero bits.
         L, B, Hkv, D, bs = num_layers, num_blocks, num_kv_heads, head_dim, block_size
         self.dtype = KVCacheDtype(dtype)
