@@ -88,7 +88,8 @@ _KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # serving mode
 
 def eviction_job(engine, windows: list[int], sinks: int):
     ids = long_text(engine)
-    T, per_token = len(ids), engine.view.kv_stats()["bytes_per_token"]   # the serving pool's dtype
+    pool = engine.view.kv_stats()                     # the serving pool: its dtype and bytes a token
+    T, per_token = len(ids), pool["bytes_per_token"]
     model = engine.view.reference_model
     kept = _KEPT.setdefault(engine.view.model, {})
     runs = [("full", Eviction())] + [(f"window_{w}{suffix}", Eviction(s, w))
@@ -109,7 +110,7 @@ def eviction_job(engine, windows: list[int], sinks: int):
              "kept_tokens": Eviction(sinks, w).kept_tokens(T),
              "kv_bytes": Eviction(sinks, w).kept_tokens(T) * per_token} for w in windows]
     out = {"machine": machine(), "tokens": T, "sinks": sinks, "windows": windows, "kv_bytes_per_token": per_token,
-           "kv_cache_dtype": engine.view.kv_stats()["dtype"],
+           "kv_cache_dtype": pool["dtype"],
            "perplexity_full": results["full"], "kv_bytes_full": T * per_token, "rows": rows,
            "engine_window": engine.view.config.kv_window, "engine_sinks": engine.view.config.kv_sink_tokens,
            "text": "the held-out documentation topics of the MoE perplexity table, as one sequence"}

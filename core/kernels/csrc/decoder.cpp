@@ -187,14 +187,11 @@ class Decoder {
       for (int64_t b = 0; b <= pos[t] / BS; ++b)
         TORCH_CHECK(table[b] >= 0 && table[b] < blocks, "block ", table[b], " is outside the pool");
     }
-    const auto bits = [half](const at::Tensor& t) {
-      return half ? reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()) : nullptr;
-    };
     const sendlens::StepTokens tokens{T, id, pos, slot, seq, half ? nullptr : k_cache.data_ptr<float>(),
                                       half ? nullptr : v_cache.data_ptr<float>(), k_cache.stride(0),
                                       {nullptr, nullptr, block_tables.data_ptr<int64_t>(), blocks, nb, BS, Hkv,
                                        sink_tokens, window, bf16_operands()},
-                                      bits(k_cache), bits(v_cache)};
+                                      sendlens::bf16_words(k_cache), sendlens::bf16_words(v_cache)};
     at::Tensor out = at::empty({T, step_->C}, embed_.options());
     sendlens::decode_step(*step_, tokens, out.data_ptr<float>());
     return out;

@@ -14,6 +14,11 @@
 
 namespace sendlens {
 
+// A pool's values as 16-bit words where it is bfloat16 (kv_cache.py's kv_cache_dtype bf16), else null.
+inline uint16_t* bf16_words(const at::Tensor& pool) {
+  return pool.scalar_type() == at::kBFloat16 ? reinterpret_cast<uint16_t*>(pool.data_ptr<at::BFloat16>()) : nullptr;
+}
+
 // The pool's layout, per layer (kv_cache.py): keys (blocks, Hkv, D, block_size), each block's keys
 // transposed so that dimension d of 16 keys is one vector; values (blocks, Hkv, block_size, D).
 

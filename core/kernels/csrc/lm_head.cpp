@@ -2,7 +2,8 @@
 // product gives every logit, then each row's k largest are recomputed exactly in fp32 against the
 // embedding, so that greedy decoding picks what fp32 would and sampling reads exact logits where
 // the mass is. In torch that was a top-k over the vocabulary, a gather of k embedding rows per row
-// into a (N, k, C) tensor, a product and a sum: at 64 rows a third as long as the head's product.
+// into a (N, k, C) tensor, a product and a sum, each a pass over memory of its own (the README's
+// benchmark notes have the timings).
 //
 // Here, per row (rows split between threads, each row on its own):
 // - the k largest in one pass (top_k): a min-heap of the best so far, and the logits
@@ -24,26 +25,25 @@
 namespace sendlens {
 namespace {
 
-// (logit, token): a worse candidate first, so the heap's front is the one to displace.
 struct Candidate {
   float logit;
   int64_t token;
 };
+// The heap's order: with `better` as "less", its front is the worst candidate, the one to displace.
 inline bool better(const Candidate& a, const Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
 }
-inline bool heap_order(const Candidate& a, const Candidate& b) { return better(a, b); }  // front: the worst
 
 // The k largest of x[0, V) (k <= V), ties to the earlier index, in no particular order.
 void top_k(const float* x, int64_t V, int64_t k, std::vector<Candidate>& heap) {
   heap.clear();
   for (int64_t j = 0; j < k; ++j) heap.push_back({x[j], j});
-  std::make_heap(heap.begin(), heap.end(), heap_order);
+  std::make_heap(heap.begin(), heap.end(), better);
   auto offer = [&](int64_t j) {
     if (x[j] > heap.front().logit) {  // strictly: an equal later logit loses the tie
-      std::pop_heap(heap.begin(), heap.end(), heap_order);
+      std::pop_heap(heap.begin(), heap.end(), better);
       heap.back() = {x[j], j};
-      std::push_heap(heap.begin(), heap.end(), heap_order);
+      std::push_heap(heap.begin(), heap.end(), better);
     }
   };
   constexpr int64_t RUN = 4 * LANES;  // logits passed over with one comparison

@@ -251,17 +251,17 @@ void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tens
   TORCH_CHECK(!half || D % LANES == 0, "write_kv: a bfloat16 pool takes heads of a multiple of ", LANES);
   const float* kp = kc.data_ptr<float>();
   const float* vp = vc.data_ptr<float>();
+  uint16_t *k16 = bf16_words(k_pool), *v16 = bf16_words(v_pool);
+  float* kpool = half ? nullptr : k_pool.data_ptr<float>();
+  float* vpool = half ? nullptr : v_pool.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " is outside the pool");
     for (int64_t h = 0; h < Hkv; ++h) {
       const float* kt = kp + t * kc.stride(0) + h * kc.stride(1);
       const float* vt = vp + t * vc.stride(0) + h * vc.stride(1);
-      if (half)
-        write_kv_head(reinterpret_cast<uint16_t*>(k_pool.data_ptr<at::BFloat16>()),
-                      reinterpret_cast<uint16_t*>(v_pool.data_ptr<at::BFloat16>()), BS, Hkv, D, slot[t], h, kt, vt);
-      else
-        write_kv_head(k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), BS, Hkv, D, slot[t], h, kt, vt);
+      if (half) write_kv_head(k16, v16, BS, Hkv, D, slot[t], h, kt, vt);
+      else write_kv_head(kpool, vpool, BS, Hkv, D, slot[t], h, kt, vt);
     }
   }
 }
@@ -315,12 +315,9 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
               "paged_attention: int64 block tables (S, nb), token_seq and positions (T,)");
   const TileFn fn = tile_function(D);
   TORCH_CHECK(fn != nullptr, "paged_attention: head size ", D, " is not supported");
-  const auto bits = [half](const at::Tensor& t) {
-    return half ? reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()) : nullptr;
-  };
   const Pools pool{half ? nullptr : k_pool.data_ptr<float>(), half ? nullptr : v_pool.data_ptr<float>(),
                    block_tables.data_ptr<int64_t>(), k_pool.size(0), block_tables.size(1), BS, Hkv, sink_tokens,
-                   window, bf16, bits(k_pool), bits(v_pool)};
+                   window, bf16, bf16_words(k_pool), bf16_words(v_pool)};
   const int64_t S = block_tables.size(0);
   const int64_t* seq_of = token_seq.data_ptr<int64_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
