@@ -56,6 +56,35 @@ def test_the_rmsnorm_kernel_is_the_definition_row_by_row(rows, kernel_path):
         assert torch.equal(norm(x[r:r + 1])[0], y[r])
 
 
+@pytest.mark.parametrize("delta_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 64, 200])
+def test_add_rms_norm_is_the_add_then_the_norm(rows, delta_dtype, kernel_path):
+    """The prefill's fused residual add (csrc/rms_norm.cpp: add_rms_norm): x += delta in place, then
+    the norm of the new x: the same bits as `x + delta` (delta promoted to fp32) and rms_norm."""
+    from core.kernels import loader
+    kernel = loader.extension()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, 576, generator=g) * 3
+    delta = (torch.randn(rows, 576, generator=g)).to(delta_dtype)
+    w = torch.randn(576, generator=g)
+    summed = x + delta
+    expected = kernel.rms_norm(summed, w, 1e-5)
+    y = kernel.add_rms_norm(x, delta, w, 1e-5)
+    assert torch.equal(x, summed)
+    assert torch.equal(y, expected)
+
+
+def test_add_rms_norm_refuses_what_it_cannot_take():
+    from core.kernels import loader
+    kernel = loader.extension()
+    with pytest.raises(RuntimeError, match="delta has the shape of x"):
+        kernel.add_rms_norm(torch.zeros(2, 32), torch.zeros(3, 32), torch.ones(32), 1e-5)
+    with pytest.raises(RuntimeError, match="contiguous float"):
+        kernel.add_rms_norm(torch.zeros(32, 2).t(), torch.zeros(2, 32), torch.ones(32), 1e-5)
+    with pytest.raises(RuntimeError, match="contiguous float"):
+        kernel.add_rms_norm(torch.zeros(2, 32, dtype=torch.float64), torch.zeros(2, 32), torch.ones(32), 1e-5)
+
+
 def test_use_kernels_sets_every_norm(tiny_loaded):
     from core.kernels import loader
     model = Transformer.from_state_dict(tiny_loaded.config, tiny_loaded.state_dict)

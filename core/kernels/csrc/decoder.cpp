@@ -112,14 +112,18 @@ class Decoder {
     at::InferenceMode guard;
     if (step_ && ids.size(0) <= sendlens::MAX_STEP_TOKENS)
       return few_tokens(ids, positions, k_cache, v_cache, slot_mapping, block_tables, token_seq, sink_tokens, window);
-    at::Tensor x = at::embedding(embed_, ids);                                  // (T, C)
+    // the residual stream x, updated in place: each add and the norm after it are one pass
+    at::Tensor x = at::embedding(embed_, ids).contiguous();                     // (T, C)
+    at::Tensor h = sendlens::rms_norm(x, layers_.empty() ? final_norm_ : layers_[0].attn_norm, eps_);
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
-      x = x + attention(sendlens::rms_norm(x, l.attn_norm, eps_), l, k_cache[i], v_cache[i],
-                        slot_mapping, block_tables, token_seq, positions, sink_tokens, window);
-      x = x + mlp(sendlens::rms_norm(x, l.mlp_norm, eps_), l);
+      const at::Tensor a = attention(h, l, k_cache[i], v_cache[i], slot_mapping, block_tables, token_seq,
+                                     positions, sink_tokens, window);
+      h = sendlens::add_rms_norm(x, a, l.mlp_norm, eps_);                      // x += a
+      const at::Tensor& next = i + 1 < layers_.size() ? layers_[i + 1].attn_norm : final_norm_;
+      h = sendlens::add_rms_norm(x, mlp(h, l), next, eps_);                     // x += mlp
     }
-    return sendlens::rms_norm(x, final_norm_, eps_);
+    return h;
   }
 
  private:
@@ -246,6 +250,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("window") = 0, py::arg("bf16") = false, py::call_guard<py::gil_scoped_release>());
   m.def("supports_head_dim", &sendlens::supports_head_dim);
   m.def("rms_norm", &sendlens::rms_norm, py::call_guard<py::gil_scoped_release>());
+  m.def("add_rms_norm", &sendlens::add_rms_norm, py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &sendlens::rotary, py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &sendlens::silu_mul, py::call_guard<py::gil_scoped_release>());
   m.def("f32_matmul_available", &sendlens::f32_matmul_available);

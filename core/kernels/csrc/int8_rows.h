@@ -19,18 +19,45 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace sendlens {
+
+// An allocator that leaves new elements uninitialized: a row's buffers are written whole by
+// round_row before anything reads them, so zeroing them first (std::vector's value-initialization)
+// would be one more pass over memory, on one thread, before every product.
+template <typename T>
+struct Uninitialized : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = Uninitialized<U>;
+  };
+  Uninitialized() = default;
+  template <typename U>
+  Uninitialized(const Uninitialized<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialized: no value for trivial types
+  }
+  template <typename U, typename... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+
+template <typename T>
+using Buffer = std::vector<T, Uninitialized<T>>;
 
 // A row's integers of any width: int8_t here, int16_t in int16_rows.h.
 template <typename T>
 struct IntRows {
   int64_t K;
-  std::vector<T> xi;         // (M, K): x ~ scale * xi, per group of 32
-  std::vector<float> scale;  // (M, K/32)
-  std::vector<float> sum;    // (M, K/32): scale * (the group's sum of xi), for Q4_1's m term
-  std::vector<int32_t> isum; // (M, K/32): the group's sum of xi (Q8_0's offset weights, q8_matmul.cpp)
+  Buffer<T> xi;         // (M, K): x ~ scale * xi, per group of 32
+  Buffer<float> scale;  // (M, K/32)
+  Buffer<float> sum;    // (M, K/32): scale * (the group's sum of xi), for Q4_1's m term
+  Buffer<int32_t> isum; // (M, K/32): the group's sum of xi (Q8_0's offset weights, q8_matmul.cpp)
   const T* row(int64_t r) const { return xi.data() + r * K; }
 };
 
@@ -110,11 +137,11 @@ void round_row(const float* x, int64_t K, int32_t limit, T* xi, float* scale, fl
   }
 }
 
-// Room for M rows of K.
+// Room for M rows of K, uninitialized (round_into writes every row before it is read).
 template <typename T>
 IntRows<T> empty_rows(int64_t M, int64_t K) {
-  return {K, std::vector<T>(M * K), std::vector<float>(M * (K / 32)), std::vector<float>(M * (K / 32)),
-          std::vector<int32_t>(M * (K / 32))};
+  return {K, Buffer<T>(M * K), Buffer<float>(M * (K / 32)), Buffer<float>(M * (K / 32)),
+          Buffer<int32_t>(M * (K / 32))};
 }
 
 // Row r of `rows` rounded from x (K,).

@@ -43,6 +43,8 @@ bool supports_head_dim(int64_t D);
 
 // x / sqrt(mean(x^2) + eps) * weight for each row of x: (T, C) float, C a multiple of 16.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// x += delta (in place; delta of any float dtype, as x + delta promotes it), -> rms_norm(x, weight, eps).
+at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 
 // Rotary embedding of x: (T, heads, D) float (rows may be strided) at positions (T,) int64, with the
 // model's tables cos, sin: (max positions, D) -> (T, heads, D) contiguous.
