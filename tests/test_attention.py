@@ -252,7 +252,9 @@ def test_the_kernel_computes_each_row_on_its_own(threads, bs, heads, mode, kerne
     The late decodes run on both threads: one work item per KV head (GQA), or one per query head
     where there are fewer KV heads than threads (MQA). Every mode: fp32 operands, bf16 (whose
     work items are longer runs of tokens, and whose value pairs end at odd keys) on an fp32 pool,
-    and bf16 on a bfloat16 pool (kv_cache_dtype bf16)."""
+    and bf16 on a bfloat16 pool (kv_cache_dtype bf16), whose slots pair up (an even block size)."""
+    if mode == "bf16-pool" and bs % 2:
+        pytest.skip("a bfloat16 pool keeps its values in pairs of slots: blocks of an even size")
     kernel = kernel_or_torch("kernel")
     g = torch.Generator().manual_seed(6)
     (H, Hkv), D, n = heads, 64, 300
@@ -322,8 +324,8 @@ def test_a_bf16_pool_gives_the_bits_of_bf16_operands_on_an_fp32_pool(threads, bs
             out[dt] = kernel.paged_attention(q, cache.k[0], cache.v[0], table, seq, pos, 2 if window else 0, window,
                                              True)
         assert torch.equal(out["bf16"], out["fp32"]), chunks
-    assert torch.equal(pools["bf16"].k, pools["fp32"].k.bfloat16())      # written rounded to nearest even
-    assert torch.equal(pools["bf16"].v, pools["fp32"].v.bfloat16())
+    for half, full in zip(pools["bf16"].token_major(0), pools["fp32"].token_major(0)):
+        assert torch.equal(half, full.bfloat16())                       # written rounded to nearest even
     assert pools["bf16"].nbytes * 2 == pools["fp32"].nbytes
 
 
@@ -340,10 +342,47 @@ def test_the_kernel_refuses_pools_it_cannot_read():
         kernel.write_kv(half.k[0], full.v[0], torch.tensor([0]), torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
 
 
+def test_a_bf16_pool_keeps_the_pairs_vdpbf16ps_multiplies():
+    """kv_cache.py's layout, element by element against the token-major view: keys in pairs of
+    dimensions, values in pairs of neighbouring slots, the first of a pair in the low half."""
+    kernel = kernel_or_torch("kernel")
+    g = torch.Generator().manual_seed(3)
+    bs, Hkv, D = 4, 2, 32
+    cache = KVCache(1, 3, bs, Hkv, D, "bf16")
+    assert cache.k.shape == (1, 3, Hkv, D // 2, bs, 2) and cache.v.shape == (1, 3, Hkv, bs // 2, D, 2)
+    k, v = torch.randn(12, Hkv, D, generator=g), torch.randn(12, Hkv, D, generator=g)
+    kernel.write_kv(cache.k[0], cache.v[0], torch.arange(12), k, v)
+    for slot in range(12):
+        b, j = divmod(slot, bs)
+        for h in range(Hkv):
+            for d in range(D):
+                assert cache.k[0, b, h, d // 2, j, d % 2] == k[slot, h, d].bfloat16()
+                assert cache.v[0, b, h, j // 2, d, j % 2] == v[slot, h, d].bfloat16()
+    words = cache.k[0].view(torch.int32).squeeze(-1)                            # (blocks, Hkv, D/2, bs): a word a pair
+    first = cache.k[0, ..., 0].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    assert torch.equal(words & 0xFFFF, first)                                   # the first of a pair: the low half
+    keys, values = cache.token_major(0)
+    assert torch.equal(keys.reshape(12, Hkv, D), k.bfloat16()) and torch.equal(values.reshape(12, Hkv, D), v.bfloat16())
+    # a sequence that ends at the first slot of a pair reads none of the second, whatever it holds
+    # (an earlier sequence's NaN): the kernel pairs its last value with zero, as from an fp32 pool
+    q = torch.randn(1, 2 * Hkv, D, generator=g)
+    table, seq = torch.tensor([[1]]), torch.tensor([0])
+    kernel.write_kv(cache.k[0], cache.v[0], torch.tensor([4]), k[:1], v[:1])
+    clean = kernel.paged_attention(q, cache.k[0], cache.v[0], table, seq, torch.tensor([0]), 0, 0, True)
+    cache.v[0, 1, :, 0, :, 1] = float("nan")
+    assert torch.equal(kernel.paged_attention(q, cache.k[0], cache.v[0], table, seq, torch.tensor([0]), 0, 0, True),
+                       clean) and not clean.isnan().any()
+
+
 def test_a_pool_is_fp32_or_bf16():
     from core.errors import InvalidParameter
     from core.model.kv_cache import kv_dtype
     assert KVCache(2, 3, 16, 1, 16, "bf16").k.dtype == torch.bfloat16
+    with pytest.raises(InvalidParameter, match="block_size"):
+        KVCache(1, 1, 3, 1, 16, "bf16")                              # slots pair up in a bf16 pool
+    assert kv_dtype("auto", "bf16", block_size=3).value == "fp32"   # so auto keeps fp32 there
+    with pytest.raises(InvalidParameter, match="kv_cache_dtype"):
+        kv_dtype("bf16", "bf16", block_size=5)
     assert KVCache(2, 3, 16, 1, 16).bytes_per_value == 4 and KVCache(2, 3, 16, 1, 16, "bf16").bytes_per_value == 2
     with pytest.raises(InvalidParameter, match="dtype"):
         KVCache(1, 1, 16, 1, 16, "auto")

@@ -31,7 +31,7 @@ def kv_pool_job(engine) -> dict:
     total = int(cache.nbytes)
     dtype = next(iter(tensors.values())).dtype if tensors else None
     return {
-        "tensors": {name: {"shape": list(t.shape), "dims": list(cache.DIMS[name]),
+        "tensors": {name: {"shape": list(t.shape), "dims": list(cache.dims[name]),
                            "dtype": str(t.dtype).replace("torch.", ""), "bytes": int(t.nbytes)}
                     for name, t in tensors.items()},
         "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,

@@ -44,10 +44,17 @@ def test_kv_pool_is_the_tensors_bytes_over_the_slots(ws, live_server):
     h = ws.hello
     assert r["live_pool_bytes_per_token"] == 2 * h["num_layers"] * h["num_kv_heads"] * h["head_dim"] * r["bytes_per_value"]
     assert r["tensors"]["k"]["shape"] == list(cache.k.shape)
+    common = {"layers": h["num_layers"], "blocks": r["total_blocks"], "KV heads": h["num_kv_heads"]}
+    if r["dtype"] == "float32":
+        expected = {name: {**common, "head size": h["head_dim"], "slots per block": r["block_size"]} for name in "kv"}
+    else:                                                        # bfloat16, in the pairs attention multiplies
+        expected = {"k": {**common, "pairs of dimensions": h["head_dim"] // 2, "slots per block": r["block_size"],
+                          "dimension in the pair": 2},
+                    "v": {**common, "pairs of slots": r["block_size"] // 2, "head size": h["head_dim"],
+                          "slot in the pair": 2}}
     for name, tensor in (("k", cache.k), ("v", cache.v)):       # each axis named, in the tensor's order
-        dims = dict(zip(r["tensors"][name]["dims"], tensor.shape))
-        assert dims == {"layers": h["num_layers"], "blocks": r["total_blocks"], "KV heads": h["num_kv_heads"],
-                        "head size": h["head_dim"], "slots per block": r["block_size"]}
+        assert dict(zip(r["tensors"][name]["dims"], tensor.shape)) == expected[name]
+        assert len(r["tensors"][name]["dims"]) == tensor.dim()
 
 
 def test_kv_pool_refuses_fields_it_does_not_take(ws):

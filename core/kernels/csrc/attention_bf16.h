@@ -8,7 +8,9 @@
 // work items (SharedPairs), by the work item itself otherwise, by the same functions. Each row's
 // chain is still fixed by the row alone, so invariance holds as it does in fp32. Pools kept in
 // bfloat16 (Pools::k16, v16: written rounded, by the same rounding) are read without rounding: the
-// same numbers, so the same bits, from half the bytes.
+// same numbers, so the same bits, from half the bytes. They hold their numbers in the very pairs
+// VDPBF16PS multiplies (kv_cache.py), so that with it a key tile and a run of value pairs are read
+// straight from their block, with no conversion at all.
 #pragma once
 
 #include <algorithm>
@@ -40,8 +42,8 @@ inline Vec round_bf16(Vec a) {
 #endif
 }
 
-// Where key `key`'s dimension 0 lies in the key pool (dimension d is d * BS further), and where its
-// value row lies in the value pool: the same places in fp32 pools and in bfloat16 ones.
+// Where key `key`'s dimension 0 lies in an fp32 key pool (dimension d is d * BS further), and where
+// its value row lies in an fp32 value pool.
 inline int64_t key_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t key) {
   return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * D) * pool.BS + key % pool.BS;
 }
@@ -49,12 +51,18 @@ inline int64_t value_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, in
   return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * pool.BS + key % pool.BS) * D;
 }
 
-// 16 floats from pool index i on, rounded to bfloat16 (already so in a bfloat16 pool).
-inline Vec rounded_key(const Pools& pool, int64_t i) {
-  return pool.k16 ? load_bf16(pool.k16 + i) : round_bf16(Vec::load(pool.k + i));
+// A bfloat16 pool in pairs, a 32-bit word each, the first number in the low half (kv_cache.py): per
+// block and KV head, keys as (D/2, BS) pairs of dimensions (2m, 2m + 1), values as (BS/2, D) pairs
+// of slots (2p, 2p + 1).
+inline const uint32_t* pair_words(const uint16_t* pool) { return reinterpret_cast<const uint32_t*>(pool); }
+// The word of key `key`'s dimensions 0 and 1; dimensions 2m and 2m + 1 are m * BS words further.
+inline int64_t key_pair_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t key) {
+  return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * (D / 2)) * pool.BS + key % pool.BS;
 }
-inline Vec rounded_value(const Pools& pool, int64_t i) {
-  return pool.v16 ? load_bf16(pool.v16 + i) : round_bf16(Vec::load(pool.v + i));
+// The word of dimension 0 of the pair of slots that holds key `key`'s value (as its half key % 2);
+// dimension d is d words further.
+inline int64_t value_pair_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t key) {
+  return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * (pool.BS / 2) + key % pool.BS / 2) * D;
 }
 
 // 16 floats rounded to bfloat16 as round_bf16 rounds them, as bits: what a bfloat16 pool keeps.
@@ -79,16 +87,25 @@ inline float load_bf16_one(uint16_t b) {
 inline void round_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n,
                            float* dst) {
   const int64_t BS = pool.BS;
+  if (BS % LANES == 0 && pool.k16) {
+    const uint32_t* words = pair_words(pool.k16) + key_pair_at(pool, seq, h, D, first);
+    for (int64_t d = 0; d < D; ++d) load_bf16_half(words + d / 2 * BS, d % 2).store(dst + d * LANES);
+    return;
+  }
   if (BS % LANES == 0) {
     const int64_t at = key_at(pool, seq, h, D, first);
-    for (int64_t d = 0; d < D; ++d) rounded_key(pool, at + d * BS).store(dst + d * LANES);
+    for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(pool.k + at + d * BS)).store(dst + d * LANES);
     return;
   }
   for (int64_t i = 0; i < LANES; ++i) {
-    const int64_t at = i < n ? key_at(pool, seq, h, D, first + i) : -1;
-    for (int64_t d = 0; d < D; ++d) {
-      const int64_t j = at + d * BS;
-      dst[d * LANES + i] = at < 0 ? 0.0f : pool.k16 ? load_bf16_one(pool.k16[j]) : pool.k[j];
+    if (i >= n) {
+      for (int64_t d = 0; d < D; ++d) dst[d * LANES + i] = 0.0f;
+    } else if (pool.k16) {  // dimension d: half d % 2 of word (d / 2) * BS
+      const uint16_t* halves = pool.k16 + 2 * key_pair_at(pool, seq, h, D, first + i);
+      for (int64_t d = 0; d < D; ++d) dst[d * LANES + i] = load_bf16_one(halves[2 * (d / 2 * BS) + d % 2]);
+    } else {
+      const int64_t at = key_at(pool, seq, h, D, first + i);
+      for (int64_t d = 0; d < D; ++d) dst[d * LANES + i] = pool.k[at + d * BS];
     }
   }
   for (int64_t d = 0; d < D; ++d) round_bf16(Vec::load(dst + d * LANES)).store(dst + d * LANES);
@@ -98,8 +115,14 @@ inline void round_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D,
 // partner zero.
 inline void round_values(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to, float* dst) {
   for (int64_t j = from; j < to; ++j) {
-    const int64_t at = value_at(pool, seq, h, D, j);
-    for (int64_t c = 0; c < D; c += LANES) rounded_value(pool, at + c).store(dst + (j - from) * D + c);
+    float* row = dst + (j - from) * D;
+    if (pool.v16) {
+      const uint32_t* words = pair_words(pool.v16) + value_pair_at(pool, seq, h, D, j);
+      for (int64_t c = 0; c < D; c += LANES) load_bf16_half(words + c, j % 2).store(row + c);
+    } else {
+      const int64_t at = value_at(pool, seq, h, D, j);
+      for (int64_t c = 0; c < D; c += LANES) round_bf16(Vec::load(pool.v + at + c)).store(row + c);
+    }
   }
   if ((to - from) % 2) std::fill(dst + (to - from) * D, dst + (to - from + 1) * D, 0.0f);
 }
@@ -112,13 +135,6 @@ inline __m512i pack_pairs(const float* lo, const float* hi) {
   const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
   return _mm512_permutexvar_epi16(order, reinterpret_cast<__m512i>(both));
 }
-// Sixteen pairs of bfloat16 values already rounded (a bfloat16 pool's), lo in the even half: the
-// bits pack_pairs gives for the same numbers.
-inline __m512i pairs_of(const uint16_t* lo, const uint16_t* hi) {
-  const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo)));
-  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)));
-  return _mm512_or_si512(l, _mm512_slli_epi32(u, 16));
-}
 inline uint32_t pair_bits(float lo, float hi) {  // two bfloat16 values held in floats
   uint32_t a, b;
   std::memcpy(&a, &lo, 4);
@@ -126,21 +142,29 @@ inline uint32_t pair_bits(float lo, float hi) {  // two bfloat16 values held in 
   return (a >> 16) | (b & 0xFFFF0000u);
 }
 
+// A bfloat16 pool's pair of slots (D words) whose second slot lies past a sequence's last key, with
+// that half zeroed: the pair pack_pairs makes with a zero partner.
+inline void first_of_pair(const uint32_t* words, int64_t D, uint32_t* out) {
+  const __m512i first = _mm512_set1_epi32(0xFFFF);
+  for (int64_t c = 0; c < D; c += LANES)
+    _mm512_storeu_si512(out + c, _mm512_and_si512(_mm512_loadu_si512(words + c), first));
+}
+
 // The values of keys [from, to) (from even) as pairs of keys (pairs, D): a last odd key's partner zero.
 inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t from, int64_t to,
                              float* zeros, uint32_t* out) {
   std::fill(zeros, zeros + D, 0.0f);
-  const uint16_t* zeros16 = reinterpret_cast<const uint16_t*>(zeros);  // the D floats' zero bits: 2D bf16 zeros
   for (int64_t j = from; j < to; j += 2) {
-    const int64_t lo = value_at(pool, seq, h, D, j), hi = j + 1 == to ? -1 : value_at(pool, seq, h, D, j + 1);
     uint32_t* dst = out + (j - from) / 2 * D;
-    if (pool.v16) {
-      const uint16_t* odd = hi < 0 ? zeros16 : pool.v16 + hi;
-      for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(dst + c, pairs_of(pool.v16 + lo + c, odd + c));
-    } else {
-      const float* odd = hi < 0 ? zeros : pool.v + hi;
-      for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(dst + c, pack_pairs(pool.v + lo + c, odd + c));
+    if (pool.v16) {  // already pairs: a copy, or the first half alone
+      const uint32_t* words = pair_words(pool.v16) + value_pair_at(pool, seq, h, D, j);
+      if (j + 1 == to) first_of_pair(words, D, dst);
+      else std::copy_n(words, D, dst);
+      continue;
     }
+    const int64_t lo = value_at(pool, seq, h, D, j), hi = j + 1 == to ? -1 : value_at(pool, seq, h, D, j + 1);
+    const float* odd = hi < 0 ? zeros : pool.v + hi;
+    for (int64_t c = 0; c < D; c += LANES) _mm512_storeu_si512(dst + c, pack_pairs(pool.v + lo + c, odd + c));
   }
 }
 
@@ -149,12 +173,16 @@ inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t 
 inline void pack_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n, float* kt,
                           uint32_t* out) {
   const int64_t BS = pool.BS;
+  if (BS % LANES == 0 && pool.k16) {  // already pairs: a copy of the tile's 16 words per pair
+    const uint32_t* words = pair_words(pool.k16) + key_pair_at(pool, seq, h, D, first);
+    for (int64_t m = 0; m < D / 2; ++m) std::copy_n(words + m * BS, LANES, out + m * LANES);
+    return;
+  }
   if (BS % LANES == 0) {  // straight from the pool (a last tile too), rounded by the conversion
     const int64_t at = key_at(pool, seq, h, D, first);
     for (int64_t m = 0; m < D / 2; ++m) {
       const int64_t even = at + 2 * m * BS, odd = even + BS;
-      _mm512_storeu_si512(out + m * LANES, pool.k16 ? pairs_of(pool.k16 + even, pool.k16 + odd)
-                                                    : pack_pairs(pool.k + even, pool.k + odd));
+      _mm512_storeu_si512(out + m * LANES, pack_pairs(pool.k + even, pool.k + odd));
     }
     return;
   }
@@ -172,14 +200,15 @@ inline void pack_block(const Pools& pool, int64_t seq, int64_t h, int64_t D, int
   pack_value_pairs(pool, seq, h, D, from, to, scratch + D * LANES, v + from / 2 * D);
 }
 
-// Scores of MR rows against a tile of 16 keys in pairs: qp (MR, D/2) query pairs, kp (D/2, 16) key pairs.
+// Scores of MR rows against a tile of 16 keys in pairs: qp (MR, D/2) query pairs, kp (D/2, 16) key
+// pairs, ld words apart (16 in a packed tile, BS in a bfloat16 pool's block).
 template <int MR>
-inline void score_pairs(const uint32_t* qp, int64_t D, const uint32_t* kp, float* scores, int64_t width,
+inline void score_pairs(const uint32_t* qp, int64_t D, const uint32_t* kp, int64_t ld, float* scores, int64_t width,
                         const int64_t* keys, int64_t first_key) {
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t m = 0; m < D / 2; ++m) {
-    const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kp + m * LANES));
+    const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kp + m * ld));
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
       acc[i] = _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(_mm512_set1_epi32(qp[i * D / 2 + m])), k);
@@ -188,29 +217,41 @@ inline void score_pairs(const uint32_t* qp, int64_t D, const uint32_t* kp, float
     if (keys[i] > first_key) first(Vec{acc[i]}, keys[i] - first_key, NEG_INF).store(scores + i * width + first_key);
 }
 template <int MR>
-void score_pair_rows(int64_t rows, const uint32_t* qp, int64_t D, const uint32_t* kp, float* scores, int64_t width,
-                     const int64_t* keys, int64_t first_key) {
+void score_pair_rows(int64_t rows, const uint32_t* qp, int64_t D, const uint32_t* kp, int64_t ld, float* scores,
+                     int64_t width, const int64_t* keys, int64_t first_key) {
   if constexpr (MR > 1) {
-    if (rows < MR) return score_pair_rows<MR - 1>(rows, qp, D, kp, scores, width, keys, first_key);
+    if (rows < MR) return score_pair_rows<MR - 1>(rows, qp, D, kp, ld, scores, width, keys, first_key);
   }
-  score_pairs<MR>(qp, D, kp, scores, width, keys, first_key);
+  score_pairs<MR>(qp, D, kp, ld, scores, width, keys, first_key);
 }
 
-// acc_i += e_i,2p v_2p + e_i,2p+1 v_2p+1 for NR rows and pairs p in [p0, p1): ep (NR rows of pairs, ld
-// pairs apart), vp (pairs, D) value pairs.
+// Where the value pairs of a run of keys lie: pair p's D words at runs[(p - first) / per_run] +
+// ((p - first) % per_run) * D. A packed buffer is one run; a bfloat16 pool, one run per block.
+struct PairRuns {
+  const uint32_t* const* runs;
+  int64_t first, per_run;
+};
+
+// acc_i += e_i,2p v_2p + e_i,2p+1 v_2p+1 for NR rows and pairs p in [p0, p1), in order: ep (NR rows
+// of pairs, ld pairs apart), vp the value pairs. The sums stay in registers from run to run.
 template <int64_t ND, int NR>
-inline void weigh_pairs(const uint32_t* ep, int64_t ld, const uint32_t* vp, int64_t p0, int64_t p1, float* acc_rows) {
+inline void weigh_pairs(const uint32_t* ep, int64_t ld, const PairRuns& vp, int64_t p0, int64_t p1,
+                        float* acc_rows) {
   constexpr int64_t D = LANES * ND;
   __m512 acc[NR][ND];
   for (int i = 0; i < NR; ++i)
     for (int64_t c = 0; c < ND; ++c) acc[i][c] = _mm512_loadu_ps(acc_rows + i * D + c * LANES);
-  for (int64_t p = p0; p < p1; ++p) {
-    __m512bh v[ND];
-    for (int64_t c = 0; c < ND; ++c) v[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vp + p * D + c * LANES));
+  for (int64_t p = p0; p < p1;) {
+    const int64_t run = (p - vp.first) / vp.per_run, end = std::min(p1, vp.first + (run + 1) * vp.per_run);
+    const uint32_t* row = vp.runs[run] + (p - vp.first - run * vp.per_run) * D;
+    for (; p < end; ++p, row += D) {
+      __m512bh v[ND];
+      for (int64_t c = 0; c < ND; ++c) v[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + c * LANES));
 #pragma GCC unroll 8
-    for (int i = 0; i < NR; ++i) {
-      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(ep[i * ld + p]));
-      for (int64_t c = 0; c < ND; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], w, v[c]);
+      for (int i = 0; i < NR; ++i) {
+        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(ep[i * ld + p]));
+        for (int64_t c = 0; c < ND; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], w, v[c]);
+      }
     }
   }
   for (int i = 0; i < NR; ++i)
@@ -249,8 +290,10 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
   block.resize((KEY_BLOCK + 1) * D);
 #ifdef __AVX512BF16__
   thread_local std::vector<uint32_t> vpairs, epairs;
+  thread_local std::vector<const uint32_t*> runs;  // where a KEY_BLOCK's value pairs lie (PairRuns)
   const int64_t half = width / 2;
   vpairs.resize(KEY_BLOCK / 2 * D);
+  runs.resize(KEY_BLOCK / 2 + 2);
   epairs.resize(R * half);
   std::vector<int64_t> pairs(R);
   for (int64_t r = 0; r < R; ++r) {
@@ -265,15 +308,32 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
     int64_t r0 = 0;
     while (r0 < R && keys[r0] <= from) ++r0;
 #ifdef __AVX512BF16__
-    const int64_t n_pairs = (to - from + 1) / 2;
-    if (!shared.v) pack_value_pairs(pool, seq, h, D, from, to, block.data(), vpairs.data());
-    const uint32_t* vp = shared.v ? shared.v : vpairs.data() - from / 2 * D;   // indexed by pair number
-    for (; r0 < R; r0 += NR)
-      weigh_groups(std::min<int64_t>(NR, R - r0), pairs.data() + r0, from / 2, from / 2 + n_pairs,
-                   [&](auto rows, int64_t i, int64_t a, int64_t b) {
-                     weigh_pairs<ND, decltype(rows)::value>(epairs.data() + (r0 + i) * half, half, vp, a, b,
-                                                            acc + (r0 + i) * D);
-                   });
+    // pairs [a, b) of the keys' value pairs vp, for every row that reads them
+    auto weigh = [&](const PairRuns& vp, int64_t a, int64_t b) {
+      for (int64_t r = r0; r < R; r += NR)
+        weigh_groups(std::min<int64_t>(NR, R - r), pairs.data() + r, a, b, [&](auto rows, int64_t i, int64_t x, int64_t y) {
+          weigh_pairs<ND, decltype(rows)::value>(epairs.data() + (r + i) * half, half, vp, x, y, acc + (r + i) * D);
+        });
+    };
+    const int64_t p0 = from / 2, p1 = (to + 1) / 2;  // the pairs of keys [from, to)
+    if (pool.v16 && !shared.v) {  // a bfloat16 pool holds the pairs: read in place, a run per block
+      const int64_t start = from - from % pool.BS;  // the first block's first key
+      for (int64_t a = start, n = 0; a < to; a += pool.BS, ++n)
+        runs[n] = pair_words(pool.v16) + value_pair_at(pool, seq, h, D, a);
+      const PairRuns vp{runs.data(), start / 2, pool.BS / 2};
+      const int64_t whole = to % 2 ? p1 - 1 : p1;  // a last odd key pairs with the slot past it:
+      weigh(vp, p0, whole);
+      if (whole < p1) {                             // that pair from a copy, the slot zeroed
+        const int64_t run = (whole - vp.first) / vp.per_run;
+        first_of_pair(runs[run] + (whole - vp.first - run * vp.per_run) * D, D, vpairs.data());
+        const uint32_t* last = vpairs.data();
+        weigh(PairRuns{&last, whole, 1}, whole, p1);
+      }
+    } else {
+      if (!shared.v) pack_value_pairs(pool, seq, h, D, from, to, block.data(), vpairs.data());
+      const uint32_t* run = shared.v ? shared.v + p0 * D : vpairs.data();
+      weigh(PairRuns{&run, p0, p1 - p0}, p0, p1);
+    }
 #else
     round_values(pool, seq, h, D, from, to, block.data());
     for (; r0 < R; r0 += NR)
@@ -301,11 +361,19 @@ void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
     int64_t r0 = 0;
     while (r0 < R && keys[r0] <= first_key) ++r0;
 #ifdef __AVX512BF16__
-    const uint32_t* tile = shared.k ? shared.k + t * (D / 2 * LANES) : kp.data();
-    if (!shared.k) pack_key_tile(pool, seq, h, D, first_key, max_keys, kt, kp.data());
+    const uint32_t* tile = kp.data();
+    int64_t ld = LANES;
+    if (shared.k) {
+      tile = shared.k + t * (D / 2 * LANES);
+    } else if (pool.k16 && pool.BS % LANES == 0) {  // the pairs in place in their block
+      tile = pair_words(pool.k16) + key_pair_at(pool, seq, h, D, first_key);
+      ld = pool.BS;
+    } else {
+      pack_key_tile(pool, seq, h, D, first_key, max_keys, kt, kp.data());
+    }
     for (; r0 < R; r0 += MR)
-      score_pair_rows<MR>(std::min<int64_t>(MR, R - r0), qp.data() + r0 * D / 2, D, tile, scores + r0 * width, width,
-                          keys + r0, first_key);
+      score_pair_rows<MR>(std::min<int64_t>(MR, R - r0), qp.data() + r0 * D / 2, D, tile, ld, scores + r0 * width,
+                          width, keys + r0, first_key);
 #else
     round_key_tile(pool, seq, h, D, first_key, std::min<int64_t>(LANES, max_keys - first_key), kt);
     for (; r0 < R; r0 += MR)

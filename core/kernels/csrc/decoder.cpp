@@ -172,13 +172,13 @@ class Decoder {
     TORCH_CHECK((half ? bf16_operands() : k_cache.scalar_type() == at::kFloat) &&
                     v_cache.scalar_type() == k_cache.scalar_type(),
                 "decoder: float pools, or bfloat16 pools where attention's operands are bf16 (q4_1)");
-    TORCH_CHECK(k_cache.is_contiguous() &&
-                    v_cache.is_contiguous() && k_cache.dim() == 5 && k_cache.size(0) >= L &&
-                    k_cache.size(2) == Hkv && k_cache.size(3) == D && v_cache.sizes() == at::IntArrayRef(
-                        {k_cache.size(0), k_cache.size(1), Hkv, k_cache.size(4), D}),
-                "decoder: the pools (layers, blocks, Hkv, D, BS) and (layers, blocks, Hkv, BS, D)");
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() >= 2 && k_cache.size(0) >= L &&
+                    v_cache.dim() >= 1 && v_cache.size(0) == k_cache.size(0),
+                "decoder: every layer's pools, contiguous");
+    const int64_t BS = sendlens::pool_block_size(k_cache.sizes().slice(1), v_cache.sizes().slice(1), Hkv, D, half,
+                                                 "decoder");
     TORCH_CHECK(sink_tokens >= 0 && window >= 0, "decoder: sink_tokens and window must be >= 0");
-    const int64_t blocks = k_cache.size(1), BS = k_cache.size(4), S = block_tables.size(0), nb = block_tables.size(1);
+    const int64_t blocks = k_cache.size(1), S = block_tables.size(0), nb = block_tables.size(1);
     const int64_t *id = ids.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>();
     const int64_t *slot = slot_mapping.data_ptr<int64_t>(), *seq = token_seq.data_ptr<int64_t>();
     for (int64_t t = 0; t < T; ++t) {

@@ -20,7 +20,23 @@ inline uint16_t* bf16_words(const at::Tensor& pool) {
 }
 
 // The pool's layout, per layer (kv_cache.py): keys (blocks, Hkv, D, block_size), each block's keys
-// transposed so that dimension d of 16 keys is one vector; values (blocks, Hkv, block_size, D).
+// transposed so that dimension d of 16 keys is one vector; values (blocks, Hkv, block_size, D). A
+// bfloat16 pool keeps pairs, one 32-bit word each: keys (blocks, Hkv, D/2, block_size, 2), pairs of
+// dimensions, and values (blocks, Hkv, block_size/2, D, 2), pairs of neighbouring slots.
+// -> the block size, after checking one layer's pools (sizes without the layer) against Hkv and D.
+inline int64_t pool_block_size(at::IntArrayRef k, at::IntArrayRef v, int64_t Hkv, int64_t D, bool half,
+                               const char* who) {
+  if (half) {
+    TORCH_CHECK(k.size() == 5 && v.size() == 5 && k[1] == Hkv && k[2] * 2 == D && k[4] == 2 && v[0] == k[0] &&
+                    v[1] == Hkv && v[2] * 2 == k[3] && v[3] == D && v[4] == 2,
+                who, ": bfloat16 pools in pairs, keys (blocks, Hkv, D/2, BS, 2) and values (blocks, Hkv, BS/2, D, 2)");
+  } else {
+    TORCH_CHECK(k.size() == 4 && v.size() == 4 && k[1] == Hkv && k[2] == D && v[0] == k[0] && v[1] == Hkv &&
+                    v[2] == k[3] && v[3] == D,
+                who, ": keys (blocks, Hkv, D, BS) and values (blocks, Hkv, BS, D)");
+  }
+  return k[3];
+}
 
 // The new tokens' keys and values into their slots. k_pool, v_pool: one layer's pools;
 // slots: (T,) int64 pool slots; k, v: (T, Hkv, D), any strides.

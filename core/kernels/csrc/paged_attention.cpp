@@ -245,7 +245,8 @@ void write_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tens
               "write_kv: float or bfloat16 pools (both alike), float keys and values");
   TORCH_CHECK(slots.is_contiguous() && slots.scalar_type() == at::kLong && slots.size(0) == k.size(0),
               "write_kv: one int64 slot per token");
-  const int64_t T = k.size(0), Hkv = k.size(1), D = k.size(2), BS = k_pool.size(3);
+  const int64_t T = k.size(0), Hkv = k.size(1), D = k.size(2);
+  const int64_t BS = pool_block_size(k_pool.sizes(), v_pool.sizes(), Hkv, D, half, "write_kv");
   const int64_t num_slots = k_pool.size(0) * BS;
   const at::Tensor kc = k.stride(2) == 1 ? k : k.contiguous(), vc = v.stride(2) == 1 ? v : v.contiguous();
   TORCH_CHECK(!half || D % LANES == 0, "write_kv: a bfloat16 pool takes heads of a multiple of ", LANES);
@@ -280,13 +281,16 @@ void write_kv_head(float* k_pool, float* v_pool, int64_t BS, int64_t Hkv, int64_
 void write_kv_head(uint16_t* k_pool, uint16_t* v_pool, int64_t BS, int64_t Hkv, int64_t D, int64_t slot, int64_t h,
                    const float* k, const float* v) {
   const int64_t b = slot / BS, off = slot % BS;
-  uint16_t* kd = k_pool + ((b * Hkv + h) * D) * BS + off;
-  uint16_t* vd = v_pool + ((b * Hkv + h) * BS + off) * D;
+  // in pairs (kv_cache.py): key dimension d is half d % 2 of word (d / 2) * BS + off of its block;
+  // the value's dimension d is half off % 2 of word (off / 2) * D + d
+  uint16_t* kd = k_pool + 2 * (((b * Hkv + h) * (D / 2)) * BS + off);
+  uint16_t* vd = v_pool + 2 * (((b * Hkv + h) * (BS / 2) + off / 2) * D) + off % 2;
   uint16_t bits[LANES];
   for (int64_t c = 0; c < D; c += LANES) {
     to_bf16(k + c, bits);
-    for (int64_t i = 0; i < LANES; ++i) kd[(c + i) * BS] = bits[i];
-    to_bf16(v + c, vd + c);
+    for (int64_t i = 0; i < LANES; ++i) kd[2 * ((c + i) / 2 * BS) + (c + i) % 2] = bits[i];
+    to_bf16(v + c, bits);
+    for (int64_t i = 0; i < LANES; ++i) vd[2 * (c + i)] = bits[i];
   }
 }
 
@@ -301,13 +305,14 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   TORCH_CHECK(sink_tokens >= 0 && window >= 0, "paged_attention: sink_tokens and window must be >= 0");
   const at::Tensor q = q_in.stride(2) == 1 && q_in.stride(1) == q_in.size(2) ? q_in : q_in.contiguous();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t Hkv = k_pool.size(1), BS = k_pool.size(3);
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_pool.is_contiguous() && v_pool.is_contiguous() &&
-              k_pool.size(2) == D && v_pool.size(2) == BS && v_pool.size(3) == D && H % Hkv == 0,
-              "paged_attention: q (T, H, D), keys (blocks, Hkv, D, BS), values (blocks, Hkv, BS, D)");
   const bool half = k_pool.scalar_type() == at::kBFloat16;
   TORCH_CHECK(v_pool.scalar_type() == k_pool.scalar_type() && (half || k_pool.scalar_type() == at::kFloat),
               "paged_attention: float or bfloat16 pools, both alike");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+                  k_pool.dim() >= 2 && H % k_pool.size(1) == 0,
+              "paged_attention: q (T, H, D) float, contiguous pools of Hkv KV heads dividing H");
+  const int64_t Hkv = k_pool.size(1);
+  const int64_t BS = pool_block_size(k_pool.sizes(), v_pool.sizes(), Hkv, D, half, "paged_attention");
   TORCH_CHECK(!half || bf16, "paged_attention: bfloat16 pools hold bf16 operands: pass bf16=True");
   TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong &&
               token_seq.is_contiguous() && token_seq.scalar_type() == at::kLong && token_seq.size(0) == T &&
@@ -351,7 +356,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   std::vector<PackJob> jobs;
 #ifdef __AVX512BF16__
   thread_local std::vector<uint32_t> pairs;  // grows to the largest step's, then stays
-  if (bf16) jobs = plan_shared_pairs(pool, S, D, starts, seq_of, pos, pairs, shared);
+  // (a bfloat16 pool whose blocks hold whole key tiles is read in place: nothing to convert)
+  if (bf16 && !(half && BS % LANES == 0)) jobs = plan_shared_pairs(pool, S, D, starts, seq_of, pos, pairs, shared);
 #endif
   const int64_t n_jobs = static_cast<int64_t>(jobs.size());
   std::exception_ptr failure;

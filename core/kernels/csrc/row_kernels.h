@@ -21,7 +21,7 @@ struct KvPools {
   int64_t num_blocks, nb, BS, Hkv;
   int64_t sink_tokens, window;  // KV eviction: window > 0 hides keys sink_tokens <= j <= position - window
   bool bf16 = false;            // q, k, v and the softmax's numerators rounded to bfloat16 (paged_attention)
-  const uint16_t* k16 = nullptr;  // the pools in bfloat16 (kv_cache.py, kv_cache_dtype "bf16"), k and v then
+  const uint16_t* k16 = nullptr;  // the pools in bfloat16 pairs (kv_cache.py, kv_cache_dtype "bf16"), k and v then
   const uint16_t* v16 = nullptr;  // null: only with bf16 operands, whose keys and values they hold rounded
 
   int64_t block(int64_t seq, int64_t index) const {

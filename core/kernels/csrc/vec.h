@@ -139,6 +139,13 @@ inline Vec load_bf16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
 }
+// Sixteen 32-bit pairs of bfloat16 (a bfloat16 pool's, kv_cache.py) -> the first of each pair
+// (half 0, the low 16 bits) or the second (half 1) as floats, exactly.
+inline Vec load_bf16_half(const uint32_t* p, int half) {
+  const __m512i w = _mm512_loadu_si512(p);
+  return {_mm512_castsi512_ps(half ? _mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))
+                                   : _mm512_slli_epi32(w, 16))};
+}
 inline void store_bf16(Vec a, uint16_t* p) {
   const __m512i bits = _mm512_castps_si512(a.v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -150,6 +157,14 @@ inline Vec load_bf16(const uint16_t* p) {
   const auto half = [](const uint16_t* q) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  };
+  return {half(p), half(p + 8)};
+}
+inline Vec load_bf16_half(const uint32_t* p, int which) {
+  const auto half = [which](const uint32_t* q) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    return _mm256_castsi256_ps(which ? _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
+                                     : _mm256_slli_epi32(w, 16));
   };
   return {half(p), half(p + 8)};
 }
@@ -168,6 +183,14 @@ inline Vec load_bf16(const uint16_t* p) {
   Vec r;
   for (int i = 0; i < LANES; ++i) {
     const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&r.f[i], &bits, sizeof(float));
+  }
+  return r;
+}
+inline Vec load_bf16_half(const uint32_t* p, int half) {
+  Vec r;
+  for (int i = 0; i < LANES; ++i) {
+    const uint32_t bits = half ? p[i] & 0xFFFF0000u : p[i] << 16;
     std::memcpy(&r.f[i], &bits, sizeof(float));
   }
   return r;
