@@ -63,7 +63,8 @@ class ModelRunner:
                 self.model.native = native_decoder(self.model)   # None where it cannot be built: Python
             # What the looking-inside widgets run: the same weights multiplied in fp32 (no copy).
             self.reference_model = self.model.reference()
-        dtype = kv_dtype(config.kv_cache_dtype, self.model.attention_operands(), config.block_size)   # bf16 where attention is
+        # bf16 where attention reads bf16 and the block's slots pair up
+        dtype = kv_dtype(config.kv_cache_dtype, self.model.attention_operands(), config.block_size)
         bytes_per_block = config.block_size * mc.kv_values_per_token * bytes_per_value(dtype)
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // bytes_per_block)
         self.cache = KVCache(mc.num_layers, self.num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)

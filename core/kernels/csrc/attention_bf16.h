@@ -311,9 +311,11 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
     // pairs [a, b) of the keys' value pairs vp, for every row that reads them
     auto weigh = [&](const PairRuns& vp, int64_t a, int64_t b) {
       for (int64_t r = r0; r < R; r += NR)
-        weigh_groups(std::min<int64_t>(NR, R - r), pairs.data() + r, a, b, [&](auto rows, int64_t i, int64_t x, int64_t y) {
-          weigh_pairs<ND, decltype(rows)::value>(epairs.data() + (r + i) * half, half, vp, x, y, acc + (r + i) * D);
-        });
+        weigh_groups(std::min<int64_t>(NR, R - r), pairs.data() + r, a, b,
+                     [&](auto rows, int64_t i, int64_t x, int64_t y) {
+                       weigh_pairs<ND, decltype(rows)::value>(epairs.data() + (r + i) * half, half, vp, x, y,
+                                                              acc + (r + i) * D);
+                     });
     };
     const int64_t p0 = from / 2, p1 = (to + 1) / 2;  // the pairs of keys [from, to)
     if (pool.v16 && !shared.v) {  // a bfloat16 pool holds the pairs: read in place, a run per block

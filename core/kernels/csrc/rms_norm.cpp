@@ -40,8 +40,9 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
 }
 
 at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta_in, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && weight.scalar_type() == at::kFloat &&
-              weight.is_contiguous() && weight.numel() == x.size(1) && x.size(1) % LANES == 0,
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+                  weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == x.size(1) &&
+                  x.size(1) % LANES == 0,
               "add_rms_norm: x (T, C) contiguous float with C a multiple of ", LANES, ", weight (C,)");
   TORCH_CHECK(delta_in.sizes() == x.sizes(), "add_rms_norm: delta has the shape of x");
   const at::Tensor delta = delta_in.to(at::kFloat).contiguous();  // exact, as x + delta promotes it
