@@ -64,6 +64,8 @@ inline int64_t key_pair_at(const Pools& pool, int64_t seq, int64_t h, int64_t D,
 inline int64_t value_pair_at(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t key) {
   return ((pool.block(seq, key / pool.BS) * pool.Hkv + h) * (pool.BS / 2) + key % pool.BS / 2) * D;
 }
+// Whether VDPBF16PS reads key tiles in place: a bfloat16 pool whose blocks hold whole tiles of 16.
+inline bool key_tiles_in_place(const Pools& pool) { return pool.k16 && pool.BS % LANES == 0; }
 
 // 16 floats rounded to bfloat16 as round_bf16 rounds them, as bits: what a bfloat16 pool keeps.
 inline void to_bf16(const float* x, uint16_t* out) {
@@ -169,16 +171,12 @@ inline void pack_value_pairs(const Pools& pool, int64_t seq, int64_t h, int64_t 
 }
 
 // Keys [first, first + 16) of those below n as pairs of dimensions (D/2, 16), lanes from n on as
-// round_key_tile leaves them; kt: scratch (D, 16) for a tile that a block does not hold whole.
+// round_key_tile leaves them; kt: scratch (D, 16) for a tile read through round_key_tile (one that a
+// block does not hold whole, or any tile of a bfloat16 pool, whose tiles VDPBF16PS reads in place).
 inline void pack_key_tile(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t first, int64_t n, float* kt,
                           uint32_t* out) {
   const int64_t BS = pool.BS;
-  if (BS % LANES == 0 && pool.k16) {  // already pairs: a copy of the tile's 16 words per pair
-    const uint32_t* words = pair_words(pool.k16) + key_pair_at(pool, seq, h, D, first);
-    for (int64_t m = 0; m < D / 2; ++m) std::copy_n(words + m * BS, LANES, out + m * LANES);
-    return;
-  }
-  if (BS % LANES == 0) {  // straight from the pool (a last tile too), rounded by the conversion
+  if (BS % LANES == 0 && !pool.k16) {  // straight from the pool (a last tile too), rounded by the conversion
     const int64_t at = key_at(pool, seq, h, D, first);
     for (int64_t m = 0; m < D / 2; ++m) {
       const int64_t even = at + 2 * m * BS, odd = even + BS;
@@ -367,7 +365,7 @@ void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
     int64_t ld = LANES;
     if (shared.k) {
       tile = shared.k + t * (D / 2 * LANES);
-    } else if (pool.k16 && pool.BS % LANES == 0) {  // the pairs in place in their block
+    } else if (key_tiles_in_place(pool)) {  // the pairs where their block holds them
       tile = pair_words(pool.k16) + key_pair_at(pool, seq, h, D, first_key);
       ld = pool.BS;
     } else {

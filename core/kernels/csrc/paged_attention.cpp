@@ -356,8 +356,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_pool, con
   std::vector<PackJob> jobs;
 #ifdef __AVX512BF16__
   thread_local std::vector<uint32_t> pairs;  // grows to the largest step's, then stays
-  // (a bfloat16 pool whose blocks hold whole key tiles is read in place: nothing to convert)
-  if (bf16 && !(half && BS % LANES == 0)) jobs = plan_shared_pairs(pool, S, D, starts, seq_of, pos, pairs, shared);
+  if (bf16 && !key_tiles_in_place(pool))  // (read in place: nothing to convert)
+    jobs = plan_shared_pairs(pool, S, D, starts, seq_of, pos, pairs, shared);
 #endif
   const int64_t n_jobs = static_cast<int64_t>(jobs.size());
   std::exception_ptr failure;
