@@ -85,14 +85,27 @@ void q4_row_panels(const Int8Rows& a, int64_t M, const uint8_t* nib, const at::H
     }
     return;
   }
-  // more rows: each panel expanded once, then every tile of rows reads it
+  // more rows: each panel expanded once, then every tile of rows reads it. Meanwhile the next
+  // panel's nibbles are asked for, a share with each tile: the expansion reads a panel once, and
+  // the hardware prefetcher, idle through the tiles, would leave it to wait on memory.
   thread_local std::vector<q4::Expanded> buffer;
   buffer.resize(q4::expanded_size(K));
+  const int64_t tiles = (M + q4::MAX_ROWS - 1) / q4::MAX_ROWS;
+  const int64_t lines = panel_bytes / 64, scale_lines = panel_scales * 2 / 64;  // (a line: 64 bytes)
   for (int64_t c = p0; c < p1; ++c) {
     q4::expand(nib + c * panel_bytes, K, buffer.data());
-    for (int64_t r = 0; r < M; r += q4::MAX_ROWS)
+    const char* next = reinterpret_cast<const char*>(nib + (c + 1) * panel_bytes);
+    const char* next_dm = reinterpret_cast<const char*>(dm + (c + 1) * panel_scales);
+    for (int64_t t = 0, r = 0; r < M; ++t, r += q4::MAX_ROWS) {
+      if (c + 1 < p1) {
+        for (int64_t line = t * lines / tiles; line < (t + 1) * lines / tiles; ++line)
+          _mm_prefetch(next + 64 * line, _MM_HINT_T0);
+        for (int64_t line = t * scale_lines / tiles; line < (t + 1) * scale_lines / tiles; ++line)
+          _mm_prefetch(next_dm + 64 * line, _MM_HINT_T0);
+      }
       tile_rows<q4::MAX_ROWS>(a, r, buffer.data(), dm + c * panel_scales, y + r * ldy + c * 16, ldy,
                               std::min(q4::MAX_ROWS, M - r));
+    }
   }
 #endif
 }
