@@ -229,6 +229,38 @@ def attention_f32_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     return 2 * (rel_p.permute(1, 0, 2) * pv + gamma(T) * pv)
 
 
+@functools.lru_cache(maxsize=None)
+def exp_coarse_error() -> float:
+    """Relative error bound of the kernels' e^x for numerators rounded to bfloat16 next
+    (csrc/vec.h: exp_coarse, x = n ln2 + r, e^r = 1 + r q(r), q of degree 3), from its own
+    constants, read from vec.h:
+    - the polynomial's error, |1 + r q(r) - e^r| / e^r, against float64's exp on 20,001 points of
+      |r| <= ln2 / 2 (the error is smooth, a degree-4 remainder: between points it moves by far
+      less than the margin below);
+    - r = x - n ln2 in one multiply-add: one rounding (u) and the constant's distance from ln2 times
+      |n| <= 127, an absolute error of r, so relative of e^r;
+    - Horner's 4 multiply-adds, one rounding each: gamma_4 (the sums stay near 1; the products are
+      small beside them); 2^n is exact.
+    Doubled for the second order and the grid."""
+    from pathlib import Path
+    import re
+    source = (Path(__file__).resolve().parents[1] / "core" / "kernels" / "csrc" / "vec.h").read_text()
+    body = source[source.index("inline Vec exp_coarse("):]
+    body = body[: body.index("\n}\n")]
+    numbers = [float(v.rstrip("f")) for v in re.findall(r"set1\((-?[0-9.e-]+f)\)", body)]
+    ln2 = -numbers[2]                  # -87.3365 (the clamp), log2(e), -ln2, then q's, highest first
+    q = numbers[3:-1]                  # and the last: the 1 that 1 + r q(r) adds
+    if len(q) != 4 or numbers[-1] != 1.0:
+        raise ValueError(f"exp_coarse_error: vec.h's exp_coarse no longer has the form this reads: {numbers}")
+    r = torch.linspace(-math.log(2) / 2, math.log(2) / 2, 20_001, dtype=torch.float64)
+    poly = torch.zeros_like(r)
+    for c in q:
+        poly = poly * r + c
+    fit = ((1 + r * poly - r.exp()).abs() / r.exp()).max().item()
+    reduction = U32 + 127 * abs(ln2 - math.log(2))
+    return 2 * (fit + reduction + gamma(4))
+
+
 def attention_bf16_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(exact, bound) for attention with bfloat16 operands (core/model/attention.py), shapes as
@@ -236,9 +268,10 @@ def attention_bf16_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rounds them (q' = bf16(q / sqrt(D)), k' = bf16(k), v' = bf16(v): to nearest even, the same
     numbers on every path), and |kernel - exact| <= bound elementwise:
     - scores: fp32 sums of exact products, err_s <= gamma_D |q'||k'|; the max subtracted exactly;
-      the numerator e_j = exp(s_j - max) within err_s_j + err_max + 4u relative (the exp's 2 ulps
-      and its argument's rounding), err_max <= max_i err_s_i, then rounded to bfloat16: within
-      U_BF16 more, so each e_j within rho = 2 max_i err_s_i + 4u + U_BF16 relative of exact;
+      the numerator e_j = exp(s_j - max) within err_s_j + err_max + e + 2u relative (the kernel's
+      exp for numbers rounded next, exp_coarse_error(), and its argument's rounding), err_max <=
+      max_i err_s_i, then rounded to bfloat16: within U_BF16 more, so each e_j within
+      rho = 2 max_i err_s_i + e + 2u + U_BF16 relative of exact;
     - the weights e_j / sum_i e_i then within 2 rho relative, and y = sum_j w_j v'_j moves by at
       most 2 rho sum_j p_j |v'_j|; its fp32 sums (values and denominator: gamma_T each) and the
       divide add (2 gamma_T + u) sum_j p_j |v'_j|.
@@ -256,7 +289,7 @@ def attention_bf16_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     exact = torch.einsum("hqk,khd->qhd", p, vd)
     err_s = gamma(D) * torch.einsum("qhd,khd->hqk", qd.abs(), kd.abs())
     worst = err_s.masked_fill(~mask, 0).amax(-1, keepdim=True)                # (H, T, 1)
-    rho = 2 * worst + 4 * U32 + U_BF16
+    rho = 2 * worst + exp_coarse_error() + 2 * U32 + U_BF16
     pv = torch.einsum("hqk,khd->qhd", p, vd.abs())                             # sum_j p_j |v'_j|
     return exact, 2 * ((2 * rho).permute(1, 0, 2) * pv + (2 * gamma(T) + U32) * pv)
 

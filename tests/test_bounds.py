@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from bounds import ROUND, STEP, attention_rounding, chi2_quantile, format_roundings, redraw_factor, redraw_product, rounding_path
+from bounds import (ROUND, STEP, U_BF16, attention_rounding, chi2_quantile, exp_coarse_error, format_roundings,
+                    redraw_factor, redraw_product, rounding_path)
 
 
 @pytest.mark.parametrize("p", [1e-9, 1e-3, 0.05, 0.5, 0.99])
@@ -78,3 +79,10 @@ def test_kernel_paths_share_redraws_exactly_where_they_round_alike(fmt):
             alike = torch.equal(wa, wb) and kinds_a == kinds_b
             assert (rounding_path(fmt, a) == rounding_path(fmt, b)) == alike, (fmt, a, b)
 
+
+
+def test_the_bf16_numerators_exp_is_far_finer_than_their_rounding():
+    """The kernels' exp for softmax numerators rounded to bfloat16 next (vec.h: exp_coarse): its
+    error bound, derived from its own constants, is under a hundredth of the rounding that follows,
+    so attention_bf16_bound, which adds both, is still the rounding's."""
+    assert 0 < exp_coarse_error() < U_BF16 / 100

@@ -67,14 +67,19 @@ inline int64_t value_pair_at(const Pools& pool, int64_t seq, int64_t h, int64_t 
 // Whether VDPBF16PS reads key tiles in place: a bfloat16 pool whose blocks hold whole tiles of 16.
 inline bool key_tiles_in_place(const Pools& pool) { return pool.k16 && pool.BS % LANES == 0; }
 
-// 16 floats rounded to bfloat16 as round_bf16 rounds them, as bits: what a bfloat16 pool keeps.
-inline void to_bf16(const float* x, uint16_t* out) {
+// 16 floats rounded to bfloat16 as round_bf16 rounds them, as bits into out: what a bfloat16 pool
+// keeps. -> the rounded numbers as floats.
+inline Vec to_bf16(Vec a, uint16_t* out) {
 #ifdef __AVX512BF16__
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x))));
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a.v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), h);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
 #else
-  store_bf16(Vec::load(x), out);
+  store_bf16(a, out);
+  return load_bf16(out);
 #endif
 }
+inline void to_bf16(const float* x, uint16_t* out) { to_bf16(Vec::load(x), out); }
 inline float load_bf16_one(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f;
@@ -127,6 +132,19 @@ inline void round_values(const Pools& pool, int64_t seq, int64_t h, int64_t D, i
     }
   }
   if ((to - from) % 2) std::fill(dst + (to - from) * D, dst + (to - from + 1) * D, 0.0f);
+}
+
+// A row's softmax numerators e_j = exp(s_j - top) for its n keys, rounded to bfloat16 into out
+// (keys n.. of the last tile 0): -> their sum, lane j % 16 adding its keys in order, then
+// reduce_add's tree (paged_attention.cpp: numerators(), whose floats these are).
+inline float bf16_numerators(const float* row, int64_t n, Vec top, uint16_t* out) {
+  Vec sum = Vec::set1(0.0f);
+  int64_t kt = 0;
+  for (; (kt + 1) * LANES <= n; ++kt)
+    sum = sum + to_bf16(exp_coarse(Vec::load(row + kt * LANES) - top), out + kt * LANES);
+  if (kt * LANES < n)
+    sum = sum + to_bf16(first(exp_coarse(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f), out + kt * LANES);
+  return reduce_add(sum);
 }
 
 #ifdef __AVX512BF16__
@@ -199,10 +217,11 @@ inline void pack_block(const Pools& pool, int64_t seq, int64_t h, int64_t D, int
 }
 
 // Scores of MR rows against a tile of 16 keys in pairs: qp (MR, D/2) query pairs, kp (D/2, 16) key
-// pairs, ld words apart (16 in a packed tile, BS in a bfloat16 pool's block).
+// pairs, ld words apart (16 in a packed tile, BS in a bfloat16 pool's block). tops (MR, 16): each
+// row's largest score so far, lane by lane, as softmax_rows' pass over the stored scores takes it.
 template <int MR>
 inline void score_pairs(const uint32_t* qp, int64_t D, const uint32_t* kp, int64_t ld, float* scores, int64_t width,
-                        const int64_t* keys, int64_t first_key) {
+                        const int64_t* keys, int64_t first_key, float* tops) {
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t m = 0; m < D / 2; ++m) {
@@ -212,15 +231,19 @@ inline void score_pairs(const uint32_t* qp, int64_t D, const uint32_t* kp, int64
       acc[i] = _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(_mm512_set1_epi32(qp[i * D / 2 + m])), k);
   }
   for (int i = 0; i < MR; ++i)
-    if (keys[i] > first_key) first(Vec{acc[i]}, keys[i] - first_key, NEG_INF).store(scores + i * width + first_key);
+    if (keys[i] > first_key) {
+      const Vec s = first(Vec{acc[i]}, keys[i] - first_key, NEG_INF);
+      s.store(scores + i * width + first_key);
+      max(Vec::load(tops + i * LANES), s).store(tops + i * LANES);
+    }
 }
 template <int MR>
 void score_pair_rows(int64_t rows, const uint32_t* qp, int64_t D, const uint32_t* kp, int64_t ld, float* scores,
-                     int64_t width, const int64_t* keys, int64_t first_key) {
+                     int64_t width, const int64_t* keys, int64_t first_key, float* tops) {
   if constexpr (MR > 1) {
-    if (rows < MR) return score_pair_rows<MR - 1>(rows, qp, D, kp, ld, scores, width, keys, first_key);
+    if (rows < MR) return score_pair_rows<MR - 1>(rows, qp, D, kp, ld, scores, width, keys, first_key, tops);
   }
-  score_pairs<MR>(qp, D, kp, ld, scores, width, keys, first_key);
+  score_pairs<MR>(qp, D, kp, ld, scores, width, keys, first_key, tops);
 }
 
 // Where the value pairs of a run of keys lie: pair p's D words at runs[(p - first) / per_run] +
@@ -279,27 +302,25 @@ inline void weigh_keys(const float* e, int64_t width, const float* vb, int64_t f
 }
 
 // The values of a tile's R rows with bfloat16 operands: KEY_BLOCK keys at a time, rounded once into
-// scratch and read there by every group of up to NR rows. e (R, width): the rounded numerators.
+// scratch and read there by every group of up to NR rows. e (R, width): the rounded numerators as
+// floats; with VDPBF16PS, e16 (R, width): the same numbers as bfloat16, neighbouring keys a pair.
 template <int64_t ND, int NR>
 void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int64_t* keys, int64_t max_keys,
-                const float* e, int64_t width, float* acc, const SharedPairs& shared) {
+                const float* e, const uint16_t* e16, int64_t width, float* acc, const SharedPairs& shared) {
   constexpr int64_t D = LANES * ND;
   thread_local std::vector<float> block;
   block.resize((KEY_BLOCK + 1) * D);
 #ifdef __AVX512BF16__
-  thread_local std::vector<uint32_t> vpairs, epairs;
+  thread_local std::vector<uint32_t> vpairs;
   thread_local std::vector<const uint32_t*> runs;  // where a KEY_BLOCK's value pairs lie (PairRuns)
+  const uint32_t* epairs = reinterpret_cast<const uint32_t*>(e16);  // (R, width / 2) pairs
   const int64_t half = width / 2;
   vpairs.resize(KEY_BLOCK / 2 * D);
   runs.resize(KEY_BLOCK / 2 + 2);
-  epairs.resize(R * half);
   std::vector<int64_t> pairs(R);
-  for (int64_t r = 0; r < R; ++r) {
-    pairs[r] = (keys[r] + 1) / 2;
-    for (int64_t t = 0; t * LANES < keys[r]; ++t)  // neighbouring keys are a pair: each float to its bfloat16 (exact)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(epairs.data() + r * half + t * LANES / 2),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(e + r * width + t * LANES))));
-  }
+  for (int64_t r = 0; r < R; ++r) pairs[r] = (keys[r] + 1) / 2;
+#else
+  (void)e16;
 #endif
   for (int64_t from = 0; from < max_keys; from += KEY_BLOCK) {
     const int64_t to = std::min(max_keys, from + KEY_BLOCK);
@@ -311,7 +332,7 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
       for (int64_t r = r0; r < R; r += NR)
         weigh_groups(std::min<int64_t>(NR, R - r), pairs.data() + r, a, b,
                      [&](auto rows, int64_t i, int64_t x, int64_t y) {
-                       weigh_pairs<ND, decltype(rows)::value>(epairs.data() + (r + i) * half, half, vp, x, y,
+                       weigh_pairs<ND, decltype(rows)::value>(epairs + (r + i) * half, half, vp, x, y,
                                                               acc + (r + i) * D);
                      });
     };
@@ -346,10 +367,14 @@ void weigh_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t R, const int6
 
 // The scores of a tile's R rows with bfloat16 operands: each key tile rounded once into kt (D, 16),
 // then scored by every row that reads into it, MR rows at a time. qs (R, D): the rounded queries.
+// -> tops (R, 16), each row's largest scores lane by lane (score_pairs), or null where they were
+// not kept (without VDPBF16PS).
 template <int MR>
-void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R, const float* qs, const int64_t* keys,
-                int64_t tiles, int64_t max_keys, float* kt, float* scores, int64_t width, const SharedPairs& shared) {
+const float* score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R, const float* qs,
+                        const int64_t* keys, int64_t tiles, int64_t max_keys, float* kt, float* scores, int64_t width,
+                        const SharedPairs& shared, float* tops) {
 #ifdef __AVX512BF16__
+  std::fill(tops, tops + R * LANES, NEG_INF);
   thread_local std::vector<uint32_t> qp, kp;
   qp.resize(R * D / 2);
   kp.resize(D / 2 * LANES);
@@ -373,7 +398,7 @@ void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
     }
     for (; r0 < R; r0 += MR)
       score_pair_rows<MR>(std::min<int64_t>(MR, R - r0), qp.data() + r0 * D / 2, D, tile, ld, scores + r0 * width,
-                          width, keys + r0, first_key);
+                          width, keys + r0, first_key, tops + r0 * LANES);
 #else
     round_key_tile(pool, seq, h, D, first_key, std::min<int64_t>(LANES, max_keys - first_key), kt);
     for (; r0 < R; r0 += MR)
@@ -381,6 +406,12 @@ void score_bf16(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
                      first_key);
 #endif
   }
+#ifdef __AVX512BF16__
+  return tops;
+#else
+  (void)tops;
+  return nullptr;
+#endif
 }
 
 }  // namespace sendlens::attention

@@ -21,7 +21,10 @@
 // of one sequence and one KV head) only so that a key tile, once in cache, serves many rows.
 //
 // bf16 (the q4_1 format's attention): q, k, v and the numerators e_j rounded to bfloat16, each row
-// still one fixed chain (attention_bf16.h); the denominator sums the rounded e_j. The tile loops
+// still one fixed chain (attention_bf16.h); the denominator sums the rounded e_j. Numbers rounded to
+// 8 bits need no 24-bit exp: theirs is a shorter polynomial (vec.h: exp_coarse), a thousandth of a
+// bfloat16 step from the exact e^x, and with VDPBF16PS they go straight to the bfloat16 pairs its
+// weighted values multiply. The tile loops
 // are in attention_tiles.h (fp32) and attention_bf16.h; here, a work item's phases and the driver.
 
 #include <ATen/Parallel.h>
@@ -30,6 +33,7 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention_bf16.h"
@@ -84,31 +88,63 @@ void score_fp32(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
   }
 }
 
-// Softmax's numerators in place over each row's scores (rounded to bfloat16 in bf16 mode), and
-// their sums, the denominators.
-void softmax_rows(const Pools& pool, int64_t R, const int64_t* keys, float* scores, int64_t width, float* sums) {
+// A row's softmax numerators e_j = exp(s_j - top) for its n keys, in place (keys n.. of the last
+// tile 0): rounded to bfloat16 in bf16 mode (BF16), whose numbers take exp_coarse. -> their sum,
+// lane j % 16 adding its keys in order, then reduce_add's tree.
+template <bool BF16>
+float numerators(float* row, int64_t n, Vec top) {
+  Vec sum = Vec::set1(0.0f);
+  for (int64_t kt = 0; kt * LANES < n; ++kt) {
+    const Vec x = Vec::load(row + kt * LANES) - top;
+    Vec e = first(BF16 ? exp_coarse(x) : exp(x), n - kt * LANES, 0.0f);
+    if (BF16) e = round_bf16(e);
+    e.store(row + kt * LANES);
+    sum = sum + e;
+  }
+  return reduce_add(sum);
+}
+
+// The sum of a row's n numerators as they lie (as floats, or as bfloat16): the chain of numerators().
+template <class T>
+float sum_numerators(const T* row, int64_t n) {
+  Vec sum = Vec::set1(0.0f);
+  for (int64_t kt = 0; kt * LANES < n; ++kt) {
+    if constexpr (std::is_same_v<T, uint16_t>) sum = sum + load_bf16(row + kt * LANES);
+    else sum = sum + Vec::load(row + kt * LANES);
+  }
+  return reduce_add(sum);
+}
+
+// Softmax's numerators over each row's scores (rounded to bfloat16 in bf16 mode), and their sums,
+// the denominators: in place as floats, or, where e16 is given (bf16 mode on VDPBF16PS), as
+// bfloat16 into e16 (R, width), neighbouring keys the pairs weigh_bf16 multiplies. tops (R, 16),
+// where given: each row's largest scores lane by lane, kept while scoring (for rows that evict
+// nothing: the same maximum as a pass over the stored scores).
+void softmax_rows(const Pools& pool, int64_t R, const int64_t* keys, float* scores, int64_t width, const float* tops,
+                  float* sums, uint16_t* e16) {
   for (int64_t r = 0; r < R; ++r) {
     float* row = scores + r * width;
+    uint16_t* row16 = e16 ? e16 + r * width : nullptr;
     const int64_t n = keys[r], row_tiles = (n + LANES - 1) / LANES;
     // Evicted keys (a sliding window after the sinks): out of the max, then weight exactly 0.
     const int64_t hide_from = pool.sink_tokens, hide_to = pool.window > 0 ? n - pool.window : 0;
+    const bool evicts = hide_to > hide_from;
     for (int64_t j = hide_from; j < hide_to; ++j) row[j] = NEG_INF;
-    Vec m = Vec::load(row);
-    for (int64_t kt = 1; kt < row_tiles; ++kt) m = max(m, Vec::load(row + kt * LANES));
+    Vec m = tops && !evicts ? Vec::load(tops + r * LANES) : Vec::load(row);
+    if (!tops || evicts)
+      for (int64_t kt = 1; kt < row_tiles; ++kt) m = max(m, Vec::load(row + kt * LANES));
     const Vec top = Vec::set1(reduce_max(m));
-    Vec sum = Vec::set1(0.0f);
-    for (int64_t kt = 0; kt < row_tiles; ++kt) {
-      Vec e = first(exp(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f);
-      if (pool.bf16) e = round_bf16(e);
-      e.store(row + kt * LANES);
-      const int64_t a = std::max(hide_from, kt * LANES), b = std::min(hide_to, (kt + 1) * LANES);
-      if (b > a) {
-        std::fill(row + a, row + b, 0.0f);
-        e = Vec::load(row + kt * LANES);
+    sums[r] = row16 ? bf16_numerators(row, n, top, row16)
+                    : pool.bf16 ? numerators<true>(row, n, top) : numerators<false>(row, n, top);
+    if (evicts) {  // their weights zeroed where they lie, and the sum again, of what is left
+      if (row16) {
+        std::fill(row16 + hide_from, row16 + hide_to, uint16_t{0});
+        sums[r] = sum_numerators(row16, n);
+      } else {
+        std::fill(row + hide_from, row + hide_to, 0.0f);
+        sums[r] = sum_numerators(row, n);
       }
-      sum = sum + e;
     }
-    sums[r] = reduce_add(sum);
   }
 }
 
@@ -146,11 +182,12 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
   int64_t max_keys = 0;
   for (int64_t t = t0; t < t1; ++t) max_keys = std::max(max_keys, positions[t] + 1);
   const int64_t tiles = (max_keys + LANES - 1) / LANES, width = tiles * LANES;
-  scratch.resize(R * (width + 2 * D + 1) + D * LANES);
+  scratch.resize(R * (width + 2 * D + 1 + LANES) + D * LANES);
   float* scores = scratch.data();            // (R, width): scores, then exp(score - max)
   float* qs = scores + R * width;            // (R, D): queries times 1/sqrt(D)
   float* ktile = qs + R * D;                 // (D, 16): a key tile gathered when BS % 16 != 0
   float* sums = ktile + D * LANES;           // (R,) softmax denominators
+  float* tops = sums + R + R * D;            // (R, 16): each row's largest scores, lane by lane (after acc)
   std::vector<int64_t> keys(R);              // (R,) how many keys each row reads
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t r = 0; r < R; ++r) {
@@ -162,12 +199,23 @@ void attend_tile(const Pools& pool, const float* q, int64_t q_token_stride, floa
       for (int64_t c = 0; c < D; c += LANES) round_bf16(Vec::load(qs + r * D + c)).store(qs + r * D + c);
   }
   // Scores, softmax, then the weighted values: each phase for all of the item's rows.
-  if (pool.bf16) score_bf16<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width, shared);
+  const float* top_lanes = nullptr;  // kept while scoring, where the scoring keeps them
+  if (pool.bf16)
+    top_lanes =
+        score_bf16<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width, shared, tops);
   else score_fp32<MR>(pool, seq, h, D, R, qs, keys.data(), tiles, max_keys, ktile, scores, width, stream);
-  softmax_rows(pool, R, keys.data(), scores, width, sums);
+  uint16_t* e16 = nullptr;  // (R, width): the numerators as bfloat16, where VDPBF16PS weighs them
+#ifdef __AVX512BF16__
+  thread_local std::vector<uint32_t> epairs;
+  if (pool.bf16) {
+    epairs.resize(R * width / 2);
+    e16 = reinterpret_cast<uint16_t*>(epairs.data());
+  }
+#endif
+  softmax_rows(pool, R, keys.data(), scores, width, top_lanes, sums, e16);
   float* acc = sums + R;                     // (R, D): sum_j e_j v_j
   std::fill(acc, acc + R * D, 0.0f);
-  if (pool.bf16) weigh_bf16<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc, shared);
+  if (pool.bf16) weigh_bf16<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, e16, width, acc, shared);
   else weigh_fp32<ND, NR>(pool, seq, h, R, keys.data(), max_keys, scores, width, acc, stream);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = t0 + r / Gs, head = h * G + g0 + r % Gs;

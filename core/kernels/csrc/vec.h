@@ -132,6 +132,22 @@ inline Vec exp(Vec x) {
   return scale2(y, n);
 }
 
+// e^x for a number rounded to bfloat16 next (the softmax numerators of bf16 operands): x = n ln2 + r
+// with ln2 in one float, e^r = 1 + r q(r) with q of degree 3 (a least-relative-error fit on
+// |r| <= ln2 / 2), times 2^n. Relative error below 3.2e-6, a thousandth of a bfloat16 step (2^-8):
+// rounded, it differs from the exact e^x in about 3 of 10,000 numbers, by one step. Five
+// multiply-adds where exp() takes nine; e^0 is exactly 1 (a row's largest score weighs 1).
+inline Vec exp_coarse(Vec x) {
+  x = max(x, Vec::set1(-87.3365f));
+  const Vec n = round(x * Vec::set1(1.44269504088896341f));
+  x = fma(n, Vec::set1(-0.693147182464599609375f), x);
+  Vec q = Vec::set1(0.041513849049806595f);
+  q = fma(q, x, Vec::set1(0.16787473857402802f));
+  q = fma(q, x, Vec::set1(0.5000301599502563f));
+  q = fma(q, x, Vec::set1(0.9999668598175049f));
+  return scale2(fma(q, x, Vec::set1(1.0f)), n);
+}
+
 // Sixteen bfloat16 values (the top halves of floats) to floats, exactly; and back, rounding to
 // nearest even, as torch does.
 #ifdef __AVX512F__
