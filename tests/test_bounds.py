@@ -80,7 +80,6 @@ def test_kernel_paths_share_redraws_exactly_where_they_round_alike(fmt):
             assert (rounding_path(fmt, a) == rounding_path(fmt, b)) == alike, (fmt, a, b)
 
 
-
 def test_the_bf16_numerators_exp_is_far_finer_than_their_rounding():
     """The kernels' exp for softmax numerators rounded to bfloat16 next (vec.h: exp_coarse): its
     error bound, derived from its own constants, is under a hundredth of the rounding that follows,

@@ -134,19 +134,6 @@ inline void round_values(const Pools& pool, int64_t seq, int64_t h, int64_t D, i
   if ((to - from) % 2) std::fill(dst + (to - from) * D, dst + (to - from + 1) * D, 0.0f);
 }
 
-// A row's softmax numerators e_j = exp(s_j - top) for its n keys, rounded to bfloat16 into out
-// (keys n.. of the last tile 0): -> their sum, lane j % 16 adding its keys in order, then
-// reduce_add's tree (paged_attention.cpp: numerators(), whose floats these are).
-inline float bf16_numerators(const float* row, int64_t n, Vec top, uint16_t* out) {
-  Vec sum = Vec::set1(0.0f);
-  int64_t kt = 0;
-  for (; (kt + 1) * LANES <= n; ++kt)
-    sum = sum + to_bf16(exp_coarse(Vec::load(row + kt * LANES) - top), out + kt * LANES);
-  if (kt * LANES < n)
-    sum = sum + to_bf16(first(exp_coarse(Vec::load(row + kt * LANES) - top), n - kt * LANES, 0.0f), out + kt * LANES);
-  return reduce_add(sum);
-}
-
 #ifdef __AVX512BF16__
 // Sixteen pairs (lo[i], hi[i]) rounded to bfloat16 pairs (to nearest even), lo in the even half.
 inline __m512i pack_pairs(const float* lo, const float* hi) {

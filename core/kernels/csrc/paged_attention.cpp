@@ -88,17 +88,23 @@ void score_fp32(const Pools& pool, int64_t seq, int64_t h, int64_t D, int64_t R,
   }
 }
 
-// A row's softmax numerators e_j = exp(s_j - top) for its n keys, in place (keys n.. of the last
-// tile 0): rounded to bfloat16 in bf16 mode (BF16), whose numbers take exp_coarse. -> their sum,
-// lane j % 16 adding its keys in order, then reduce_add's tree.
+// A row's softmax numerators e_j = exp(s_j - top) for its n keys (keys n.. of the last tile 0), in
+// place as floats, rounded to bfloat16 in bf16 mode (BF16, whose numbers take exp_coarse); or, where
+// out16 is given (bf16 mode on VDPBF16PS), as bfloat16 into out16, the pairs weigh_bf16 multiplies.
+// -> their sum, lane j % 16 adding its keys in order, then reduce_add's tree.
 template <bool BF16>
-float numerators(float* row, int64_t n, Vec top) {
+float numerators(float* row, int64_t n, Vec top, uint16_t* out16) {
   Vec sum = Vec::set1(0.0f);
   for (int64_t kt = 0; kt * LANES < n; ++kt) {
     const Vec x = Vec::load(row + kt * LANES) - top;
-    Vec e = first(BF16 ? exp_coarse(x) : exp(x), n - kt * LANES, 0.0f);
-    if (BF16) e = round_bf16(e);
-    e.store(row + kt * LANES);
+    Vec e = BF16 ? exp_coarse(x) : exp(x);
+    if (n - kt * LANES < LANES) e = first(e, n - kt * LANES, 0.0f);  // the last tile's keys past n
+    if (BF16 && out16) {
+      e = to_bf16(e, out16 + kt * LANES);
+    } else {
+      if (BF16) e = round_bf16(e);
+      e.store(row + kt * LANES);
+    }
     sum = sum + e;
   }
   return reduce_add(sum);
@@ -134,8 +140,7 @@ void softmax_rows(const Pools& pool, int64_t R, const int64_t* keys, float* scor
     if (!tops || evicts)
       for (int64_t kt = 1; kt < row_tiles; ++kt) m = max(m, Vec::load(row + kt * LANES));
     const Vec top = Vec::set1(reduce_max(m));
-    sums[r] = row16 ? bf16_numerators(row, n, top, row16)
-                    : pool.bf16 ? numerators<true>(row, n, top) : numerators<false>(row, n, top);
+    sums[r] = pool.bf16 ? numerators<true>(row, n, top, row16) : numerators<false>(row, n, top, nullptr);
     if (evicts) {  // their weights zeroed where they lie, and the sum again, of what is left
       if (row16) {
         std::fill(row16 + hide_from, row16 + hide_to, uint16_t{0});
