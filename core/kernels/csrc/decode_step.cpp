@@ -4,8 +4,8 @@
 // below a thousand head-keys, the residual adds) on one thread while the other waits; at one token
 // a step that serial work and the calls' own costs were about a third of the forward (README).
 // With at most MAX_STEP_TOKENS tokens (decode_step.h) the same holds, each phase once per token.
-// Here the threads enter once, take their share of every phase, and meet at a barrier only where
-// a phase needs all of the one before:
+// Here the threads enter once, take their share of every phase, and meet at a barrier
+// (step_barrier.h) only where a phase needs all of the one before:
 //
 //   each thread: x += proj; h = rms_norm(x); round h      (the same on every thread: no barrier)
 //   qkv = h Wqkv            panels split             | barrier
@@ -24,6 +24,7 @@
 // hand-over. The shared buffers are allocated once a step, each thread's own once as it enters.
 
 #include "decode_step.h"
+#include "step_barrier.h"
 
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -153,28 +154,30 @@ void decode_step(const StepModel& m, const StepTokens& tok, float* out) {
   const int64_t T = tok.T;
   Shared sh(m, T);
   const int threads = at::get_num_threads();
+  StepBarrier barrier;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    barrier.join(nt);
     Own own(m, tok);
     for (size_t i = 0; i < m.layers.size(); ++i) {
       const StepLayer& l = m.layers[i];
       own.norm(m, l.attn_norm, sh.proj, i > 0);
       product(own.h_rows, T, l.qkv, sh.qkv.data(), t, nt);
-#pragma omp barrier
+      barrier.wait();
       rotate_and_store(m, tok, i, sh, t, nt);
-#pragma omp barrier
+      barrier.wait();
       attend(m, tok, i, sh, own, t, nt);
-#pragma omp barrier
+      barrier.wait();
       product(sh.y_rows, T, l.o, sh.proj.data(), t, nt);
-#pragma omp barrier
+      barrier.wait();
       own.norm(m, l.mlp_norm, sh.proj, true);
       product(own.h_rows, T, l.gate_up, sh.gate_up.data(), t, nt);
-#pragma omp barrier
+      barrier.wait();
       activate(m, sh, own, t, nt);
-#pragma omp barrier
+      barrier.wait();
       product(sh.act_rows, T, l.down, sh.proj.data(), t, nt);
-#pragma omp barrier
+      barrier.wait();
     }
     for (int64_t c = 0; c < T * m.C; ++c) own.x[c] = own.x[c] + sh.proj[c];
     if (t == 0)
