@@ -166,6 +166,7 @@ def run(args) -> dict:
     if why_not:
         missing["the classroom (bench.load)"] = why_not
     machine_limits = limits.measure(args.quick)
+    systems.append(limits.MemoryBandwidth())  # a turn in decode alone's rounds (its only scenario)
     # Every system lives in this one process: the garbage collector's full pass over all of their
     # objects would land on whichever turn it chose. What the systems loaded leaves its passes
     # now, and each turn starts with the leftovers of the last one collected.
@@ -198,7 +199,8 @@ def run(args) -> dict:
                 entry["runs"].append(value)
                 entry["load"].append(load)
                 shown = value["output_tok_s"] if isinstance(value, dict) else value
-                print(f"  round {rnd + 1} {scenario['name']:<20} {system.name:<18} {shown:9.1f} tok/s"
+                print(f"  round {rnd + 1} {scenario['name']:<20} {system.name:<18} {shown:9.1f} "
+                      f"{getattr(system, 'unit', scenario['unit'])}"
                       f"  (load {load:.2f})", flush=True)
     for scenario in results.values():
         for entry in scenario.values():

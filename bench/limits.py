@@ -24,6 +24,19 @@ def memory_bandwidth(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
     return num_bytes / _best(lambda: buf.sum(), repeats)
 
 
+class MemoryBandwidth:
+    """The memory-bandwidth limit as a turn of its own in every round of decode alone: the machine's
+    bandwidth moves with what its neighbours do (on a shared virtual machine, by a third within
+    minutes), so the decode bound by it is held to the bandwidth measured beside it, in the same
+    round, not to one measured minutes before (bench/report.py's line divides round by round)."""
+
+    name = "memory bandwidth"
+    unit = "GB/s"
+
+    def decode(self, *_args) -> float:
+        return memory_bandwidth(repeats=3) / 1e9
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of an (n, n) @ (n, n) product, hot in cache."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)

@@ -102,17 +102,46 @@ SAME_BYTES = {"ours fp32": "ours fp32", "ours bf16": "ours bf16", "ours q8_0": "
               "llama.cpp Q4_1": "ours q4_1"}
 
 
+BANDWIDTH = "memory bandwidth"  # bench/limits.py's MemoryBandwidth: a turn in each round of decode alone
+
+
+def bandwidths(data, rounds: int = 1) -> list[float]:
+    """Bytes/s of memory read in each round of decode alone, measured in that round; a file from
+    before the bandwidth took turns has the run's one measurement, repeated for `rounds` rounds."""
+    measured = per_round(data, "decode_1", BANDWIDTH)
+    if measured:
+        return [gb * 1e9 for gb in measured]
+    return [data["limits"]["memory_bandwidth_gb_s"] * 1e9] * rounds
+
+
 def bandwidth_shares(data) -> dict[str, float]:
     """Every system's decode alone as a share of the memory-bandwidth limit for the bytes it reads
-    a step (tokens/s x bytes / bandwidth): the target line holds the best format to it, this
-    says how near each one comes, ours and the peers, in the same run."""
-    bandwidth = data["limits"]["memory_bandwidth_gb_s"] * 1e9
+    a step (tokens/s x bytes / bandwidth, the median over rounds of the bandwidth measured in the
+    same round): the target line holds the best format to it, this says how near each one comes,
+    ours and the peers, in the same run."""
+    bandwidth = statistics.median(bandwidths(data))
     out = {}
     for system in OURS + PEERS:
         v, step_bytes = value(data, "decode_1", system), data["weight_bytes_per_token"].get(SAME_BYTES[system])
         if v and step_bytes:
             out[system] = v * step_bytes / bandwidth
     return out
+
+
+def bandwidth_target(data) -> dict:
+    """Decode alone against the bandwidth limit, round by round: the best format's tokens/s times
+    the bytes it reads a step, over the bandwidth measured in the same round."""
+    name = "decode alone vs the memory-bandwidth limit"
+    fmt, v = best(data, "decode_1", OURS)
+    if not v:
+        return target(name, [], "decode alone was not measured")
+    step_bytes = data["weight_bytes_per_token"][fmt]
+    decode = per_round(data, "decode_1", fmt)
+    bw = bandwidths(data, len(decode))
+    rounds = [r * step_bytes / b for r, b in zip(decode, bw) if b]
+    low, mid, high = min(bw) / 1e9, statistics.median(bw) / 1e9, max(bw) / 1e9
+    return target(name, rounds, f"{fmt}: {v:.0f} tok/s x {step_bytes / 1e6:.0f} MB a step / memory read in the same "
+                                f"round, {mid:.0f} GB/s ({low:.0f}–{high:.0f}; limit {mid * 1e9 / step_bytes:.0f} tok/s)")
 
 
 def targets(data) -> list[dict]:
@@ -144,16 +173,7 @@ def targets(data) -> list[dict]:
             out.append(target(f"beside a busy process: {fmt} keeps its CPU share", ratios,
                               f"{fmt}: (contended / quiet) / share given {share:.2f}",
                               GOALS["beside a busy process: ours keeps its CPU share"]))
-    bandwidth = data["limits"]["memory_bandwidth_gb_s"] * 1e9
-    fmt, v = best(data, "decode_1", OURS)
-    name = "decode alone vs the memory-bandwidth limit"
-    if v:
-        step_bytes = data["weight_bytes_per_token"][fmt]
-        out.append(target(name, [r * step_bytes / bandwidth for r in per_round(data, "decode_1", fmt)],
-                          f"{fmt}: {v:.0f} tok/s x {step_bytes / 1e6:.0f} MB a step / "
-                          f"{bandwidth / 1e9:.0f} GB/s (limit {bandwidth / step_bytes:.0f} tok/s)"))
-    else:
-        out.append(target(name, [], "decode alone was not measured"))
+    out.append(bandwidth_target(data))
     out.append(classroom_target(data.get("classroom")))
     return out
 
@@ -204,7 +224,9 @@ def markdown(data) -> str:
                              f"{entry['median']['ttft_p50_s']:.2f} / {entry['median']['tpot_p50_s'] * 1e3:.0f} ms")
             lines.append("| 64 requests: TTFT p50 (s) / TPOT p50 | " + " | ".join(cells) + " |")
     lim = data["limits"]
-    lines += ["", f"Limits measured in the same run: memory read {lim['memory_bandwidth_gb_s']:.0f} GB/s; "
+    bw = [b / 1e9 for b in bandwidths(data)]
+    lines += ["", f"Limits measured in the same run: memory read {lim['memory_bandwidth_gb_s']:.0f} GB/s before the "
+              f"rounds, {min(bw):.0f}–{max(bw):.0f} GB/s in the rounds of decode alone; "
               f"matmul fp32 {lim['matmul_fp32_gflop_s']:.0f} GFLOP/s, bf16 {lim['matmul_bf16_gflop_s']:.0f} GFLOP/s. "
               "Weights a decode step reads: " + ", ".join(
                   f"{k} {v / 1e6:.0f} MB" for k, v in data["weight_bytes_per_token"].items()) + ".", "",

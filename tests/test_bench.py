@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench import classroom, load, report
+from bench import classroom, limits, load, report
 from bench.__main__ import main, plan, prompt, repetitive, summarize, turns
 from bench.systems import serving_metrics
 from conftest import assert_writes_its_section
@@ -138,6 +138,31 @@ def test_targets_are_medians_of_ratios_per_round_with_their_spread():
     roof = found["decode alone vs the memory-bandwidth limit"]
     assert roof["rounds"] == pytest.approx([r * 100e6 / 50e9 for r in (100, 120, 110)], rel=F64)
     assert found["50 clients x 60 s (bench.load): best format vs the stored q4_1 row"]["measured"] is None
+
+
+def test_the_bandwidth_takes_a_turn_in_decode_alone_and_each_round_is_held_to_its_own():
+    """A machine whose bandwidth moves between rounds: each round's decode is divided by the bandwidth
+    measured in that round, not by the one measured before the rounds."""
+    data = fake_results()
+    data["results"]["decode_1"]["memory bandwidth"] = {"runs": [40.0, 60.0, 50.0], "load": [0.5] * 3}
+    summarize(data["results"]["decode_1"]["memory bandwidth"])
+    roof = {t["target"]: t for t in report.targets(data)}["decode alone vs the memory-bandwidth limit"]
+    assert roof["rounds"] == pytest.approx([100 * 100e6 / 40e9, 120 * 100e6 / 60e9, 110 * 100e6 / 50e9], rel=F64)
+    assert "50 GB/s (40–60" in roof["how"]
+    assert report.bandwidth_shares(data)["ours q4_1"] == pytest.approx(110 * 100e6 / 50e9, rel=F64)   # the median
+    table = report.markdown({**data, "targets": report.targets(data)})
+    assert "memory read 50 GB/s before the rounds, 40–60 GB/s in the rounds of decode alone" in table
+    assert "| memory bandwidth" not in table and "memory bandwidth |" not in table   # a limit, not a system
+
+
+def test_the_bandwidth_turn_measures_memory_and_only_in_decode_alone():
+    class Args:
+        quick, rounds = False, 3
+    turn = limits.MemoryBandwidth()
+    assert turn.unit == "GB/s" and turn.decode() > 0
+    for scenario in plan(Args):
+        takes_it = "only" not in scenario and scenario["kind"] == "decode"
+        assert takes_it == (scenario["name"] == "decode_1")
 
 
 def test_a_spread_that_crosses_its_goal_is_not_decided():
