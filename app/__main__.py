@@ -47,6 +47,9 @@ def serve_gunicorn(config: ServerConfig, host: str, port: int) -> None:
 
         def on_term(signum, frame):
             worker.wsgi.extensions["sendlens"].begin_shutdown()
+            rooms = worker.wsgi.extensions.get("sendlens_rooms")
+            if rooms is not None:
+                rooms.abort_all()
             if callable(previous):
                 previous(signum, frame)
         signal.signal(signal.SIGTERM, on_term)

@@ -95,8 +95,11 @@ class Runtime:
             self.cut_offs[setting] += 1
 
     def begin_shutdown(self) -> None:
-        """Refuse new connections; the open ones abort their requests, say goodbye and end."""
+        """Refuse new connections; the open ones abort their requests, say goodbye and end. The
+        engine's requests end at once, each with its `abort` (a connection's reader notices the
+        shutdown only at its next look, up to live.POLL_S later)."""
         self.stopping.set()
+        self.loop.abort_all()
 
     def hello(self) -> dict:
         """What a client is told when it connects: the model's facts and the limits it must keep."""

@@ -149,6 +149,24 @@ def test_abort_mid_stream_frees_the_blocks(make_loop, assert_pool_clean):
     assert loop.call(lambda engine: engine.view.kv_stats()["used_blocks"]).result(TIMEOUT) == 0
 
 
+def test_abort_all_ends_every_request_and_the_loop_goes_on(make_loop, assert_pool_clean):
+    """A server shutting down (app/runtime.py: begin_shutdown) ends every request between two
+    steps, running or waiting, each with its abort; the loop itself keeps serving."""
+    loop = make_loop()
+    running = loop.submit("Once upon a time", long_params(1000))
+    assert not next(iter(running)).finished                 # it has its first token
+    gate = threading.Event()
+    loop.call(lambda engine: gate.wait(TIMEOUT))  # hold the loop: the second is queued before the abort
+    streams = [running, loop.submit([5, 6, 7], long_params(1000))]
+    loop.abort_all()
+    gate.set()
+    for stream in streams:
+        final = stream.result(TIMEOUT)
+        assert final.finished and final.finish_reason == "abort" and len(final.token_ids) < 1000
+    loop.call(assert_pool_clean).result(TIMEOUT)
+    assert loop.submit([5, 6, 7], long_params(3)).result(TIMEOUT).finish_reason == "length"
+
+
 def test_shutdown_aborts_what_is_running(make_loop, assert_pool_clean):
     loop = make_loop()
     stream = loop.submit("Once upon a time", long_params(1000))

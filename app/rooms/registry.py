@@ -216,6 +216,14 @@ class Registry:
         with self.lock:
             self.rooms.pop(room.code, None)
 
+    def abort_all(self) -> None:
+        """Every room engine's requests end now, each with its `abort` (a server shutting down)."""
+        for room in list(self.rooms.values()):
+            with room.lock:
+                engines = [e for e in [room.engine, *room.draining] if e is not None]
+            for engine in engines:
+                engine.loop.abort_all()
+
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)

@@ -74,6 +74,11 @@ class Abort:
 
 
 @dataclass
+class AbortAll:
+    """Every request the loop holds, at once (a server shutting down)."""
+
+
+@dataclass
 class Job:
     fn: Callable[[LLMEngine], object]
     future: Future
@@ -159,6 +164,10 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._send(Abort(request_id))
 
+    def abort_all(self) -> None:
+        """End every request now, each with its `abort` output, between two steps."""
+        self._send(AbortAll())
+
     def call(self, fn: Callable[[LLMEngine], object]) -> Future:
         """Run fn(engine) on the loop thread between steps; it must be short (one step's time)."""
         future: Future = Future()
@@ -225,10 +234,12 @@ class EngineLoop:
                     output = command.seq.output([], "")
                     output.finished, output.error = True, str(exc)
                     self._deliver(output)
-            elif isinstance(command, Abort):
-                output = self.engine.abort(command.request_id)
-                if output is not None:
-                    self._deliver(output)
+            elif isinstance(command, Abort | AbortAll):
+                ids = list(self._requests) if isinstance(command, AbortAll) else [command.request_id]
+                for request_id in ids:
+                    output = self.engine.abort(request_id)
+                    if output is not None:
+                        self._deliver(output)
             elif isinstance(command, Job):
                 self._jobs.append(command)
 

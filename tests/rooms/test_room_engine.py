@@ -2,6 +2,7 @@
 built from its snapshots; static batching leaves the idle slots the `batching` widget predicts;
 a change of engine settings gives new requests a new engine while the old one drains."""
 
+import threading
 import time
 
 import pytest
@@ -170,3 +171,28 @@ def test_each_settings_change_is_logged_with_the_step_it_applied_at(base):
         assert all(s["engine"] > 0 for s in list(room.steps)[before:])   # the new engine drew from there
     finally:
         room.close()
+
+
+def test_a_server_shutting_down_aborts_the_rooms_requests_at_once(base, tmp_path):
+    """SIGTERM (app/__main__.py) ends the room engines' requests too, each with its abort, before
+    any connection's reader looks (Registry.abort_all)."""
+    from app.rooms.registry import Registry
+    from app.rooms.store import Store
+
+    config = ServerConfig(model="tiny", room_kv_blocks=64, max_tokens_limit=64, default_max_tokens=8)
+    registry = Registry(config, Store(tmp_path / "rooms.sqlite"), base)
+    room = make_room(max_tokens=64)
+    registry.rooms[room.code] = room
+    try:
+        engine, seq, record = room.prepare(base, "Ada", base.tokenizer.encode(PASSAGE)[:8],
+                                           SamplingParams(temperature=0.0, ignore_eos=True))
+        gate = threading.Event()
+        engine.loop.call(lambda e: gate.wait(30))      # hold the room's loop: the request waits
+        room.enqueue(engine, seq, record)
+        registry.abort_all()
+        gate.set()
+        wait_for(lambda: record.state == RequestState.ABORTED, timeout=30, what="the aborted request")
+        assert record.finish_reason == "abort" and record.generated_tokens < 64
+    finally:
+        room.close()
+        registry.shutdown()
