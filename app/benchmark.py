@@ -85,11 +85,11 @@ def _view(data: dict) -> dict:
              for n in SERVE if f"serve_{n}" in results]
     limits = [{"key": f"limits.{k}", "label": label, "unit": unit, "value": data["limits"][k]}
               for k, label, unit in LIMITS if k in data["limits"]]
-    rounds = [b / 1e9 for b in report.bandwidths(data, 0)]   # measured in each round of decode alone
-    if rounds and limits and limits[0]["key"] == "limits.memory_bandwidth_gb_s":
+    rounds = report.per_round(data, "decode_1", report.BANDWIDTH)   # GB/s, in each round of decode alone
+    if rounds:                                   # a file from before the bandwidth took turns has none
         limits[0]["label"] = "memory, before the rounds"
-        limits[1:1] = [{"key": f"limits.memory_bandwidth_rounds_{name}_gb_s", "unit": "GB/s", "value": v,
-                        "label": f"memory, rounds' {name}"}
+        limits[1:1] = [{"key": f"limits.memory_bandwidth_rounds_{name}_gb_s", "label": f"memory, rounds' {name}",
+                        "unit": "GB/s", "value": v}
                        for name, v in (("median", statistics.median(rounds)), ("lowest", min(rounds)),
                                        ("highest", max(rounds)))]
     bandwidth = statistics.median(report.bandwidths(data)) / 1e9   # GB/s, as bench/report.py's shares take it
