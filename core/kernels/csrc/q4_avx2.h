@@ -27,8 +27,6 @@ namespace sendlens::q4 {
 constexpr const char* ISA = "avx2";
 using Expanded = __m256i;          // an expanded panel: K/2 of these (per octet and half: low, high quads)
 constexpr int64_t MAX_ROWS = 4;    // rows of a tile: 8 sums and the weights in registers
-constexpr int PANELS_ONE_ROW = 2;  // panels a tile of one row takes at once (a decode step)
-constexpr int PANELS_TWO_ROWS = 1; // and of two rows (more would spill registers)
 
 inline int64_t expanded_size(int64_t K) { return K / 2; }
 
@@ -79,46 +77,28 @@ inline void zero(float* y, int64_t ldy, int rows, int cols) {
     for (int c = 0; c < cols; c += 8) _mm256_storeu_ps(y + r * ldy + c, _mm256_setzero_ps());
 }
 
-// Group g of the np panels from nib, dm into L1: those of the tile this thread takes next, while
-// this one computes. A panel is only a few KB, and the hardware prefetcher stops at every 4 KB
-// page, so one-row products, which spend a few instructions per byte, otherwise wait on memory
-// at each panel's start (SmolLM2's 120 one-row layer products: 1.3x faster here). Prefetching past the
-// last panel is harmless: a prefetch never faults.
-inline void prefetch_group(const uint8_t* nib, const at::Half* dm, int64_t K, int64_t g, int np) {
-  for (int c = 0; c < np; ++c) {
-    const char* next = reinterpret_cast<const char*>(nib + c * (K / 4) * 32 + g * 256);
-    for (int line = 0; line < 256; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(dm + c * (K / 32) * 32 + g * 32), _MM_HINT_T0);
-  }
-}
-
-// R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy. Several
-// panels give a few rows independent chains.
-template <int R, int NP>
+// R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy: a few rows read the
+// weights straight, without expanding them (q4_matmul.cpp says why one panel at a time).
+template <int R>
 void tile(const Rows& a, int64_t r0, const uint8_t* nib, const at::Half* dm, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32;
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
-  zero(y, ldy, R, 16 * NP);
+  zero(y, ldy, R, 16);
   for (int64_t g = 0; g < K32; ++g) {
-    __m256i S[R][NP][2];  // 16-bit pair sums
+    __m256i S[R][2];  // 16-bit pair sums, a column half each
+    for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
+    for (int64_t o = g * 4; o < g * 4 + 4; ++o)
+      for (int h = 0; h < 2; ++h) {
+        __m256i lo, hi;
+        octet(nib, o, h, lo, hi);
+        for (int r = 0; r < R; ++r)
+          S[r][h] = add_octet(S[r][h], lo, hi, quad_of(x[r], 8 * o), quad_of(x[r], 8 * o + 4));
+      }
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c) S[r][c][0] = S[r][c][1] = _mm256_setzero_si256();
-    prefetch_group(nib + NP * (K / 4) * 32, dm + NP * K32 * 32, K, g, NP);  // the next tile's
-    for (int64_t o = g * 4; o < g * 4 + 4; ++o) {
-      for (int c = 0; c < NP; ++c)
-        for (int h = 0; h < 2; ++h) {
-          __m256i lo, hi;
-          octet(nib + c * (K / 4) * 32, o, h, lo, hi);
-          for (int r = 0; r < R; ++r)
-            S[r][c][h] = add_octet(S[r][c][h], lo, hi, quad_of(x[r], 8 * o), quad_of(x[r], 8 * o + 4));
-        }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c)
-        for (int h = 0; h < 2; ++h)
-          close_group(y + r * ldy + c * 16 + 8 * h, widen(S[r][c][h]), group_scales(dm + c * K32 * 32, g, h),
-                      a.scale[(r0 + r) * K32 + g], a.sum[(r0 + r) * K32 + g]);
+      for (int h = 0; h < 2; ++h)
+        close_group(y + r * ldy + 8 * h, widen(S[r][h]), group_scales(dm, g, h), a.scale[(r0 + r) * K32 + g],
+                    a.sum[(r0 + r) * K32 + g]);
   }
 }
 
@@ -128,7 +108,7 @@ inline void expand(const uint8_t* nib, int64_t K, Expanded* buffer) {
     for (int h = 0; h < 2; ++h) octet(nib, o, h, buffer[4 * o + 2 * h], buffer[4 * o + 2 * h + 1]);
 }
 
-// R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R, 1>. The rows'
+// R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R>. The rows'
 // pointers and each group's d and m are read once, not once per row.
 template <int R>
 void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half* dm, float* y, int64_t ldy) {

@@ -26,8 +26,6 @@ namespace sendlens::q4 {
 constexpr const char* ISA = "avx512vnni";
 using Expanded = __m512i;           // an expanded panel: K/4 of these (per octet: its low and high quads)
 constexpr int64_t MAX_ROWS = 8;     // rows of a tile: each keeps its sums in registers
-constexpr int PANELS_ONE_ROW = 4;   // panels a tile of one row takes at once (a decode step)
-constexpr int PANELS_TWO_ROWS = 4;  // and of two rows
 
 inline int64_t expanded_size(int64_t K) { return K / 4; }
 
@@ -56,49 +54,32 @@ inline __m512 close_group(__m512 acc, __m512i S, const at::Half* dm, int64_t g, 
   return _mm512_fmadd_ps(m, _mm512_set1_ps(sum), _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(S), acc));
 }
 
-// Group g of the np panels from nib, dm into L1: those of the tile this thread takes next, while
-// this one computes (q4_avx2.h's prefetch_group says why; a prefetch never faults).
-inline void prefetch_group(const uint8_t* nib, const at::Half* dm, int64_t K, int64_t g, int np) {
-  for (int c = 0; c < np; ++c) {
-    const char* next = reinterpret_cast<const char*>(nib + c * (K / 4) * 32 + g * 256);
-    for (int line = 0; line < 256; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(dm + c * (K / 32) * 32 + g * 32), _MM_HINT_T0);
-  }
-}
-
-// R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy. Several
-// panels give a few rows independent chains; each group's sum runs in two chains (the low quads
-// and the high), added at its end: integers, so the same S.
-template <int R, int NP>
+// R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy: a few rows read the
+// weights straight, without expanding them (q4_matmul.cpp says why one panel at a time). Each
+// group's sum runs in two chains (the low quads and the high), added at its end: integers, so the same S.
+template <int R>
 void tile(const Rows& a, int64_t r0, const uint8_t* nib, const at::Half* dm, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32;
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
-  __m512 acc[R][NP];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NP; ++c) acc[r][c] = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < K32; ++g) {
-    __m512i S[R][NP], T[R][NP];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c) S[r][c] = T[r][c] = _mm512_setzero_si512();
-    prefetch_group(nib + NP * (K / 4) * 32, dm + NP * K32 * 32, K, g, NP);  // the next tile's
+    __m512i S[R], T[R];
+    for (int r = 0; r < R; ++r) S[r] = T[r] = _mm512_setzero_si512();
     for (int64_t o = g * 4; o < g * 4 + 4; ++o) {
-      for (int c = 0; c < NP; ++c) {
-        __m512i lo, hi;
-        octet(nib + c * (K / 4) * 32, o, lo, hi);
-        for (int r = 0; r < R; ++r) {
-          S[r][c] = _mm512_dpbusd_epi32(S[r][c], lo, quad_of(x[r], 8 * o));
-          T[r][c] = _mm512_dpbusd_epi32(T[r][c], hi, quad_of(x[r], 8 * o + 4));
-        }
+      __m512i lo, hi;
+      octet(nib, o, lo, hi);
+      for (int r = 0; r < R; ++r) {
+        S[r] = _mm512_dpbusd_epi32(S[r], lo, quad_of(x[r], 8 * o));
+        T[r] = _mm512_dpbusd_epi32(T[r], hi, quad_of(x[r], 8 * o + 4));
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c)
-        acc[r][c] = close_group(acc[r][c], _mm512_add_epi32(S[r][c], T[r][c]), dm + c * K32 * 32, g,
-                                a.scale[(r0 + r) * K32 + g], a.sum[(r0 + r) * K32 + g]);
+      acc[r] = close_group(acc[r], _mm512_add_epi32(S[r], T[r]), dm, g, a.scale[(r0 + r) * K32 + g],
+                           a.sum[(r0 + r) * K32 + g]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NP; ++c) _mm512_storeu_ps(y + r * ldy + c * 16, acc[r][c]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
 
 // A panel's q as unsigned bytes, once, for every tile of rows that follows.
@@ -106,7 +87,7 @@ inline void expand(const uint8_t* nib, int64_t K, Expanded* buffer) {
   for (int64_t o = 0; o < K / 8; ++o) octet(nib, o, buffer[2 * o], buffer[2 * o + 1]);
 }
 
-// R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R, 1>.
+// R rows from r0 times one expanded panel: the same sums (exact) and steps as tile<R>.
 template <int R>
 void tile_from(const Rows& a, int64_t r0, const Expanded* buffer, const at::Half* dm, float* y, int64_t ldy) {
   const int64_t K = a.K, K32 = K / 32;

@@ -14,9 +14,15 @@
 // Batch-invariant by construction: output (i, j) is one fixed chain of operations over k in order,
 // whatever the number of rows, the tile they fall in, or the threads (which split columns only):
 // the row's rounding to integers is its own, the integer sums are exact in any order, and the
-// fp32 steps are the same in every tile. One or two rows take several 16-column panels at once
-// (independent chains, to hide the latency); more rows expand each panel's q once into a buffer
-// that tiles of rows read.
+// fp32 steps are the same in every tile. One or two rows (a decode step) read each 16-column
+// panel straight from the weights; more rows expand each panel's q once into a buffer that tiles
+// of rows read.
+//
+// A thread takes its panels one after another, so that it reads its share of the weights in two
+// sequential streams, the nibbles and the scales (a thread's panels lie next to each other),
+// which the hardware prefetcher follows from one panel into the next. Tiles of several panels at
+// once, meant to give one row independent chains, read eight streams of a few KB each, each
+// stopping at its panel's end, and waited on memory with prefetching by hand (README: what changed).
 //
 // Layout (gemm.pack_q4_1_native), per panel of 16 output columns: nibbles (N/16, K/4, 32) uint8,
 // in octets of 8 k, 64 bytes each: byte 4c + j holds column c's q at k = 8o + j (low nibble) and
@@ -70,18 +76,10 @@ void q4_row_panels(const Int8Rows& a, int64_t M, const uint8_t* nib, const at::H
                    float* y, int64_t ldy) {
 #ifdef SENDLENS_Q4
   const int64_t K = a.K, panel_bytes = (K / 4) * 32, panel_scales = (K / 32) * 32;
-  if (M <= 2) {  // one or two rows (a decode step): several panels at a time, so that each row
-                 // has several chains going
-    constexpr int NP1 = q4::PANELS_ONE_ROW, NP2 = q4::PANELS_TWO_ROWS;
-    const int64_t np = M == 1 ? NP1 : NP2;
-    int64_t c = p0;
-    for (; c + np <= p1; c += np) {
-      if (M == 1) q4::tile<1, NP1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
-      else q4::tile<2, NP2>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
-    }
-    for (; c < p1; ++c) {
-      if (M == 1) q4::tile<1, 1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
-      else q4::tile<2, 1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
+  if (M <= 2) {  // one or two rows (a decode step): panel after panel, straight from the weights
+    for (int64_t c = p0; c < p1; ++c) {
+      if (M == 1) q4::tile<1>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
+      else q4::tile<2>(a, 0, nib + c * panel_bytes, dm + c * panel_scales, y + c * 16, ldy);
     }
     return;
   }
@@ -126,10 +124,8 @@ at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& nibbles, const at::T
   const at::Half* scales = dm_c.data_ptr<at::Half>();
   float* ys = y.data_ptr<float>();
   const int64_t N = P * 16;
-  // threads split panels, in runs of the panels a tile of one or two rows takes at once
-  const int64_t unit = M == 1 ? q4::PANELS_ONE_ROW : M == 2 ? q4::PANELS_TWO_ROWS : 1;
-  at::parallel_for(0, (P + unit - 1) / unit, 1, [&](int64_t begin, int64_t end) {
-    q4_row_panels(a, M, nib, scales, begin * unit, std::min(P, end * unit), ys, N);
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {  // threads split panels
+    q4_row_panels(a, M, nib, scales, begin, end, ys, N);
   });
 #endif
   return y;

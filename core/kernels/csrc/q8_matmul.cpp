@@ -57,47 +57,39 @@ bool q8_matmul_available() {
 namespace {
 
 constexpr int64_t MAX_ROWS = 8;    // rows of a tile: 16 sums in registers
-constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (a decode step)
 using Rows = Int8Rows;
 inline Rows prepare(const at::Tensor& x) { return round_to_int8(x); }
 
-// R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy. Each group's
-// sum runs in two chains (even and odd quads), added at its end: integers, so the same S.
-template <int R, int NP>
+// R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy. Each group's sum runs in
+// two chains (even and odd quads), added at its end: integers, so the same S.
+template <int R>
 void tile(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
-  const int64_t K = a.K, K32 = K / 32, panel = (K / 2) * 32;
+  const int64_t K = a.K, K32 = K / 32;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(q);
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.row(r0 + r);
-  __m512 acc[R][NP];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NP; ++c) acc[r][c] = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < K32; ++g) {
-    __m512i S[R][NP], T[R][NP];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c) S[r][c] = T[r][c] = _mm512_setzero_si512();
+    __m512i S[R], T[R];
+    for (int r = 0; r < R; ++r) S[r] = T[r] = _mm512_setzero_si512();
     for (int64_t u = g * 8; u < g * 8 + 8; u += 2) {
-      for (int c = 0; c < NP; ++c) {
-        const __m512i w0 = _mm512_loadu_si512(w + c * panel + u * 64);
-        const __m512i w1 = _mm512_loadu_si512(w + c * panel + u * 64 + 64);
-        for (int r = 0; r < R; ++r) {
-          S[r][c] = _mm512_dpbusd_epi32(S[r][c], w0, _mm512_set1_epi32(int8_quad(x[r], 4 * u)));
-          T[r][c] = _mm512_dpbusd_epi32(T[r][c], w1, _mm512_set1_epi32(int8_quad(x[r], 4 * u + 4)));
-        }
+      const __m512i w0 = _mm512_loadu_si512(w + u * 64);
+      const __m512i w1 = _mm512_loadu_si512(w + u * 64 + 64);
+      for (int r = 0; r < R; ++r) {
+        S[r] = _mm512_dpbusd_epi32(S[r], w0, _mm512_set1_epi32(int8_quad(x[r], 4 * u)));
+        T[r] = _mm512_dpbusd_epi32(T[r], w1, _mm512_set1_epi32(int8_quad(x[r], 4 * u + 4)));
       }
     }
-    for (int c = 0; c < NP; ++c) {
-      const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + c * K32 * 16 + g * 16)));
-      for (int r = 0; r < R; ++r) {  // S without the weights' offset, then y = (d * s) * S + y
-        const __m512i offset = _mm512_set1_epi32(128 * a.isum[(r0 + r) * K32 + g]);
-        const __m512i exact = _mm512_sub_epi32(_mm512_add_epi32(S[r][c], T[r][c]), offset);
-        const __m512 ds = _mm512_mul_ps(dg, _mm512_set1_ps(a.scale[(r0 + r) * K32 + g]));
-        acc[r][c] = _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(exact), acc[r][c]);
-      }
+    const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * 16)));
+    for (int r = 0; r < R; ++r) {  // S without the weights' offset, then y = (d * s) * S + y
+      const __m512i offset = _mm512_set1_epi32(128 * a.isum[(r0 + r) * K32 + g]);
+      const __m512i exact = _mm512_sub_epi32(_mm512_add_epi32(S[r], T[r]), offset);
+      const __m512 ds = _mm512_mul_ps(dg, _mm512_set1_ps(a.scale[(r0 + r) * K32 + g]));
+      acc[r] = _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(exact), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NP; ++c) _mm512_storeu_ps(y + r * ldy + c * 16, acc[r][c]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
 
 }  // namespace
@@ -105,42 +97,36 @@ void tile(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* 
 namespace {
 
 constexpr int64_t MAX_ROWS = 4;  // rows of a tile: 8 sums, two weight vectors and a pair in registers
-constexpr int PANELS_ONE_ROW = 4;  // panels a tile of one row takes at once (a decode step)
 using Rows = Int16Rows;
 inline Rows prepare(const at::Tensor& x) { return round_to_int16(x); }
 
-// R rows from r0 times NP adjacent 16-column panels -> y (R, 16 NP), row stride ldy.
-template <int R, int NP>
+// R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy.
+template <int R>
 void tile(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, float* y, int64_t ldy) {
-  const int64_t K = a.K, K32 = K / 32, panel = (K / 2) * 32;
+  const int64_t K32 = a.K / 32;
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 2 * NP; ++c) _mm256_storeu_ps(y + r * ldy + 8 * c, _mm256_setzero_ps());
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_setzero_ps());
   for (int64_t g = 0; g < K32; ++g) {
-    __m256i S[R][NP][2];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NP; ++c) S[r][c][0] = S[r][c][1] = _mm256_setzero_si256();
+    __m256i S[R][2];
+    for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
     for (int64_t u = g * 16; u < g * 16 + 16; ++u) {
-      for (int c = 0; c < NP; ++c) {
-        const int8_t* p = q + c * panel + u * 32;
-        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-        for (int r = 0; r < R; ++r) {
-          const __m256i xp = int16_pair(a.row(r0 + r), 2 * u);
-          S[r][c][0] = _mm256_add_epi32(S[r][c][0], _mm256_madd_epi16(w0, xp));
-          S[r][c][1] = _mm256_add_epi32(S[r][c][1], _mm256_madd_epi16(w1, xp));
-        }
+      const int8_t* p = q + u * 32;
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+      for (int r = 0; r < R; ++r) {
+        const __m256i xp = int16_pair(a.row(r0 + r), 2 * u);
+        S[r][0] = _mm256_add_epi32(S[r][0], _mm256_madd_epi16(w0, xp));
+        S[r][1] = _mm256_add_epi32(S[r][1], _mm256_madd_epi16(w1, xp));
       }
     }
-    for (int c = 0; c < NP; ++c)
-      for (int h = 0; h < 2; ++h) {
-        const __m256 dg = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + c * K32 * 16 + g * 16 + 8 * h)));
-        for (int r = 0; r < R; ++r) {  // y = (d * s) * S + y, the same steps for every row
-          float* out = y + r * ldy + c * 16 + 8 * h;
-          const __m256 ds = _mm256_mul_ps(dg, _mm256_set1_ps(a.scale[(r0 + r) * K32 + g]));
-          _mm256_storeu_ps(out, _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(S[r][c][h]), _mm256_loadu_ps(out)));
-        }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * 16 + 8 * h)));
+      for (int r = 0; r < R; ++r) {  // y = (d * s) * S + y, the same steps for every row
+        float* out = y + r * ldy + 8 * h;
+        const __m256 ds = _mm256_mul_ps(dg, _mm256_set1_ps(a.scale[(r0 + r) * K32 + g]));
+        _mm256_storeu_ps(out, _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(S[r][h]), _mm256_loadu_ps(out)));
       }
+    }
   }
 }
 
@@ -156,7 +142,7 @@ void tile_rows(const Rows& a, int64_t r0, const int8_t* q, const at::Half* d, fl
   if constexpr (R > 1) {
     if (rows < R) return tile_rows<R - 1>(a, r0, q, d, y, ldy, rows);
   }
-  tile<R, 1>(a, r0, q, d, y, ldy);
+  tile<R>(a, r0, q, d, y, ldy);
 }
 
 }  // namespace
@@ -178,25 +164,14 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
   const at::Half* ds = d_c.data_ptr<at::Half>();
   float* ys = y.data_ptr<float>();
   const int64_t panel = (K / 2) * 32, panel_d = (K / 32) * 16;
-  if (M == 1) {  // a decode step: several panels at a time, so that the row has more chains going
-    constexpr int NP = PANELS_ONE_ROW;
-    at::parallel_for(0, (P + NP - 1) / NP, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin * NP; c < std::min(P, end * NP); c += NP) {
-        if (c + NP <= P) {
-          tile<1, NP>(a, 0, qs + c * panel, ds + c * panel_d, ys + c * 16, N);
-        } else {
-          for (int64_t e = c; e < P; ++e) tile<1, 1>(a, 0, qs + e * panel, ds + e * panel_d, ys + e * 16, N);
-        }
-      }
-    });
-  } else {  // each panel's weights stay in L1 while every tile of rows reads them
-    at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c)
-        for (int64_t r = 0; r < M; r += MAX_ROWS)
-          tile_rows<MAX_ROWS>(a, r, qs + c * panel, ds + c * panel_d, ys + r * N + c * 16, N,
-                              std::min(MAX_ROWS, M - r));
-    });
-  }
+  // threads split panels; each panel's weights stay in L1 while every tile of rows reads them, and
+  // a thread reads its panels one after another, in one stream (q4_matmul.cpp says why)
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t r = 0; r < M; r += MAX_ROWS)
+        tile_rows<MAX_ROWS>(a, r, qs + c * panel, ds + c * panel_d, ys + r * N + c * 16, N,
+                            std::min(MAX_ROWS, M - r));
+  });
 #endif
   return y;
 }
