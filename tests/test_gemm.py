@@ -391,8 +391,8 @@ def test_q8_0_multiplies_by_the_dequantized_weights(product, kernel_path):
 @pytest.mark.parametrize("product", [pytest.param(OWN, marks=NO_Q8_KERNEL), PLAIN])
 @pytest.mark.parametrize("shape", [(576, 49152 // 16), (64, 272)])
 def test_q8_0_rows_are_batch_invariant(threads, product, shape, kernel_path):
-    """SmolLM2's head's input size (with a sixteenth of its outputs) and 17 panels of 16 outputs:
-    one row takes four panels at a time (and the last on its own), several rows tiles of up to four."""
+    """SmolLM2's head's input size (with a sixteenth of its outputs) and 17 panels of 16 outputs,
+    a panel at a time, for one row as for tiles of several (up to four with AVX2, eight with VNNI)."""
     cols, out = shape
     g = torch.Generator().manual_seed(5)
     head = PackedQ8_0(torch.randn(out, cols, generator=g) / cols ** 0.5, product=product)
