@@ -27,6 +27,7 @@ namespace sendlens::q4 {
 constexpr const char* ISA = "avx2";
 using Expanded = __m256i;          // an expanded panel: K/2 of these (per octet and half: low, high quads)
 constexpr int64_t MAX_ROWS = 4;    // rows of a tile: 8 sums and the weights in registers
+constexpr int64_t AHEAD = 8192;    // bytes of nibbles a one- or two-row tile asks for ahead (ahead())
 
 inline int64_t expanded_size(int64_t K) { return K / 2; }
 
@@ -77,6 +78,17 @@ inline void zero(float* y, int64_t ldy, int rows, int cols) {
     for (int c = 0; c < cols; c += 8) _mm256_storeu_ps(y + r * ldy + c, _mm256_setzero_ps());
 }
 
+// Group g's nibbles AHEAD bytes on, and their scales (a quarter as far: 64 bytes of them per 256
+// of nibbles), into L2 while the tile computes: the thread's panels lie next to each other, so
+// this reaches into the panels it takes next, and a prefetch past the weights' end never faults.
+// The hardware prefetcher alone keeps fewer reads in flight than a faster memory can serve
+// (README: what changed, 2026-12-05).
+inline void ahead(const uint8_t* nib, const at::Half* dm, int64_t g) {
+  const char* n = reinterpret_cast<const char*>(nib) + g * 256 + AHEAD;
+  for (int line = 0; line < 256; line += 64) _mm_prefetch(n + line, _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(dm + g * 32) + AHEAD / 4, _MM_HINT_T1);
+}
+
 // R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy: a few rows read the
 // weights straight, without expanding them (q4_matmul.cpp says why one panel at a time).
 template <int R>
@@ -88,6 +100,7 @@ void tile(const Rows& a, int64_t r0, const uint8_t* nib, const at::Half* dm, flo
   for (int64_t g = 0; g < K32; ++g) {
     __m256i S[R][2];  // 16-bit pair sums, a column half each
     for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
+    ahead(nib, dm, g);
     for (int64_t o = g * 4; o < g * 4 + 4; ++o)
       for (int h = 0; h < 2; ++h) {
         __m256i lo, hi;

@@ -20,9 +20,10 @@
 //
 // A thread takes its panels one after another, so that it reads its share of the weights in two
 // sequential streams, the nibbles and the scales (a thread's panels lie next to each other),
-// which the hardware prefetcher follows from one panel into the next. Tiles of several panels at
-// once, meant to give one row independent chains, read eight streams of a few KB each, each
-// stopping at its panel's end, and waited on memory with prefetching by hand (README: what changed).
+// which the hardware prefetcher follows from one panel into the next, and which the tiles of one
+// or two rows also ask for 8 KB ahead (ahead()). Tiles of several panels at once, meant to give
+// one row independent chains, read eight streams of a few KB each, each stopping at its panel's
+// end, and waited on memory (README: what changed, 2026-12-05).
 //
 // Layout (gemm.pack_q4_1_native), per panel of 16 output columns: nibbles (N/16, K/4, 32) uint8,
 // in octets of 8 k, 64 bytes each: byte 4c + j holds column c's q at k = 8o + j (low nibble) and
