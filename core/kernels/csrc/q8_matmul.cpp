@@ -165,7 +165,8 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
   float* ys = y.data_ptr<float>();
   const int64_t panel = (K / 2) * 32, panel_d = (K / 32) * 16;
   // threads split panels; each panel's weights stay in L1 while every tile of rows reads them, and
-  // a thread reads its panels one after another, in one stream (q4_matmul.cpp says why)
+  // a thread reads its panels one after another, as two streams, weights and scales (q4_matmul.cpp
+  // says why)
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c)
       for (int64_t r = 0; r < M; r += MAX_ROWS)
