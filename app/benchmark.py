@@ -86,12 +86,13 @@ def _view(data: dict) -> dict:
     limits = [{"key": f"limits.{k}", "label": label, "unit": unit, "value": data["limits"][k]}
               for k, label, unit in LIMITS if k in data["limits"]]
     rounds = report.per_round(data, "decode_1", report.BANDWIDTH)   # GB/s, in each round of decode alone
-    if rounds:                                   # a file from before the bandwidth took turns has none
-        limits[0]["label"] = "memory, before the rounds"
-        limits[1:1] = [{"key": f"limits.memory_bandwidth_rounds_{name}_gb_s", "label": f"memory, rounds' {name}",
-                        "unit": "GB/s", "value": v}
-                       for name, v in (("median", statistics.median(rounds)), ("lowest", min(rounds)),
-                                       ("highest", max(rounds)))]
+    memory = next((i for i, l in enumerate(limits) if l["key"] == "limits.memory_bandwidth_gb_s"), None)
+    if rounds and memory is not None:            # a file from before the bandwidth took turns has none
+        limits[memory]["label"] = "memory, before the rounds"
+        limits[memory + 1:memory + 1] = [
+            {"key": f"limits.memory_bandwidth_rounds_{name}_gb_s", "label": f"memory, rounds' {name}",
+             "unit": "GB/s", "value": v}
+            for name, v in (("median", statistics.median(rounds)), ("lowest", min(rounds)), ("highest", max(rounds)))]
     bandwidth = statistics.median(report.bandwidths(data)) / 1e9   # GB/s, as bench/report.py's shares take it
     weights = [{"system": s, "key": f"weight_bytes.{slug(s)}", "value": b,
                 "limit_key": f"decode_limit.{slug(s)}", "limit": bandwidth * 1e9 / b}

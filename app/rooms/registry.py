@@ -218,6 +218,8 @@ class Registry:
 
     def abort_all(self) -> None:
         """Every room engine's requests end now, each with its `abort` (a server shutting down)."""
+        # no self.lock: this runs in the SIGTERM handler (app/__main__.py), between two bytecodes of
+        # whatever the main thread was doing, which may hold it; list() copies the dict under the GIL
         for room in list(self.rooms.values()):
             with room.lock:
                 engines = [e for e in [room.engine, *room.draining] if e is not None]

@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "int8_rows.h"
+#include "q4_ahead.h"
 
 namespace sendlens::q4 {
 
 constexpr const char* ISA = "avx2";
 using Expanded = __m256i;          // an expanded panel: K/2 of these (per octet and half: low, high quads)
 constexpr int64_t MAX_ROWS = 4;    // rows of a tile: 8 sums and the weights in registers
-constexpr int64_t AHEAD = 8192;    // bytes of nibbles a one- or two-row tile asks for ahead (ahead())
 
 inline int64_t expanded_size(int64_t K) { return K / 2; }
 
@@ -76,17 +76,6 @@ inline void close_group(float* y, __m256i S, const GroupScales& dm, float scale,
 inline void zero(float* y, int64_t ldy, int rows, int cols) {
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; c += 8) _mm256_storeu_ps(y + r * ldy + c, _mm256_setzero_ps());
-}
-
-// Group g's nibbles AHEAD bytes on, and their scales (a quarter as far: 64 bytes of them per 256
-// of nibbles), into L2 while the tile computes: the thread's panels lie next to each other, so
-// this reaches into the panels it takes next, and a prefetch past the weights' end never faults.
-// The hardware prefetcher alone keeps fewer reads in flight than a faster memory can serve
-// (README: what changed, 2026-12-05).
-inline void ahead(const uint8_t* nib, const at::Half* dm, int64_t g) {
-  const char* n = reinterpret_cast<const char*>(nib) + g * 256 + AHEAD;
-  for (int line = 0; line < 256; line += 64) _mm_prefetch(n + line, _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(dm + g * 32) + AHEAD / 4, _MM_HINT_T1);
 }
 
 // R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy: a few rows read the

@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "int8_rows.h"
+#include "q4_ahead.h"
 
 namespace sendlens::q4 {
 
 constexpr const char* ISA = "avx512vnni";
 using Expanded = __m512i;           // an expanded panel: K/4 of these (per octet: its low and high quads)
 constexpr int64_t MAX_ROWS = 8;     // rows of a tile: each keeps its sums in registers
-constexpr int64_t AHEAD = 8192;     // bytes of nibbles a one- or two-row tile asks for ahead (ahead())
 
 inline int64_t expanded_size(int64_t K) { return K / 4; }
 
@@ -53,17 +53,6 @@ inline __m512 close_group(__m512 acc, __m512i S, const at::Half* dm, int64_t g, 
   const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32 + 16)));
   const __m512 ds = _mm512_mul_ps(d, _mm512_set1_ps(scale));
   return _mm512_fmadd_ps(m, _mm512_set1_ps(sum), _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(S), acc));
-}
-
-// Group g's nibbles AHEAD bytes on, and their scales (a quarter as far: 64 bytes of them per 256
-// of nibbles), into L2 while the tile computes: the thread's panels lie next to each other, so
-// this reaches into the panels it takes next, and a prefetch past the weights' end never faults.
-// The hardware prefetcher alone keeps fewer reads in flight than a faster memory can serve
-// (README: what changed, 2026-12-05).
-inline void ahead(const uint8_t* nib, const at::Half* dm, int64_t g) {
-  const char* n = reinterpret_cast<const char*>(nib) + g * 256 + AHEAD;
-  for (int line = 0; line < 256; line += 64) _mm_prefetch(n + line, _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(dm + g * 32) + AHEAD / 4, _MM_HINT_T1);
 }
 
 // R rows from r0 times one 16-column panel -> y (R, 16), row stride ldy: a few rows read the
