@@ -66,13 +66,15 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	touch $@
 
 # Browser tests drive Debian's Chromium through Playwright (never `playwright install`); the
-# replica test runs Debian's nginx and redis-server (tests/test_replicas.py). A changed Makefile
+# replica test runs Debian's nginx and redis-server (tests/test_replicas.py); the AVX2-only CPU's
+# test runs the engine under Debian's qemu-user (tests/test_emulated_cpu.py). A changed Makefile
 # runs this again, so a venv stamped before a line was added still gets what that line installs.
 $(VENV)/.test-deps: $(VENV)/.serve-deps Makefile
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	command -v chromium >/dev/null || { $(APT_INSTALL) chromium; }
 	{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null && command -v redis-server >/dev/null \
 		|| { $(APT_INSTALL) nginx redis-server; }
+	command -v qemu-x86_64 >/dev/null || { $(APT_INSTALL) qemu-user; }
 	touch $@
 
 $(VENV)/.bench-deps: $(VENV)/.serve-deps

@@ -34,12 +34,14 @@ def pytest_sessionstart(session):
     loader.extension()
 
 
-# Modules that start worker processes or a server of their own, or wait out the server's own
-# timeouts (pings, idle connections, a stopped process): `make test` runs them, `make fast` (the
+# Modules that start worker processes or a server of their own, wait out the server's own
+# timeouts (pings, idle connections, a stopped process), or run the engine on an emulated CPU
+# (minutes of qemu): `make test` runs them, `make fast` (the
 # inner loop, -m "not slow") leaves them out. Matched by file name, in tests/ and tests/widgets/;
 # a single test elsewhere that does the same carries @pytest.mark.slow itself.
 SLOW_MODULES = {"test_live.py", "test_main.py", "test_load.py", "test_workers.py", "test_replicas.py",
-                "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py", "test_worker_failed.py"}
+                "test_tensor_parallel.py", "test_pipeline.py", "test_expert_parallel.py", "test_worker_failed.py",
+                "test_emulated_cpu.py"}
 
 
 # Fixtures of this file that load the real model (in this process or in `python -m app`) or start

@@ -11,13 +11,32 @@ core's kernel lookups find it.
 """
 
 import functools
+import os
+import shutil
+import subprocess
 
 import pytest
 
+# the compiler's macro for each instruction-set extension the kernels test for, by /proc/cpuinfo's name
+MACROS = {"avx2": "__AVX2__", "fma": "__FMA__", "f16c": "__F16C__", "avx512f": "__AVX512F__",
+          "avx512bw": "__AVX512BW__", "avx512_vnni": "__AVX512VNNI__", "avx512_bf16": "__AVX512BF16__",
+          "avx_vnni": "__AVXVNNI__", "avx_ne_convert": "__AVXNECONVERT__"}
 
-def cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The extensions (MACROS' names) that -march=native turns on for the compiler that builds the
+    kernels (CXX, as torch's builds read it, else c++), so the extensions the build has, not what
+    /proc/cpuinfo lists: they differ under an emulated CPU (qemu-user passes the host's
+    /proc/cpuinfo through; see tools/emulated-cpu), and where the compiler predates the CPU. No
+    compiler: no extension, as no kernel is built."""
+    compiler = os.environ.get("CXX") or shutil.which("c++")
+    if not compiler:
+        return frozenset()
+    macros = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                            capture_output=True, text=True, check=True).stdout
+    defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ")}
+    return frozenset(flag for flag, macro in MACROS.items() if macro in defined)
 
 
 FLAGS = cpu_flags()

@@ -6,17 +6,12 @@ import pytest
 import torch
 
 from bounds import INT8_MAX, INT16_MAX, U_BF16, format_roundings, fp32_dot_bound, rounded_to
-from kernel_paths import NATIVE, PATHS, kernel_path, use_path  # noqa: F401 (kernel_path: a fixture)
+from kernel_paths import NATIVE, PATHS, cpu_flags, kernel_path, use_path  # noqa: F401 (kernel_path: a fixture)
 from core.config import WeightFormat
 from core.errors import InvalidParameter
 from core.model.linear import (PREPACKED_MIN_ROWS, PackedLinear, PackedQ8_0, Product, dequantize_q4_1, f32_kernel, linear_q4,
                        pack_q4_1, pack_q4_1_native, pack_q8_0_native, pad_rows, prepacking_available, products_here, q4_kernel,
                        q4_kernel_isa, quantize_q4_1, quantize_q8_0)
-
-
-def cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
 
 
 # oneDNN packs bfloat16 weights only where the CPU converts to bfloat16 natively
