@@ -98,9 +98,14 @@ function latencyChart(view, node) {
   });
 }
 
+// A target's bar label: its number in the table's order and its name, cut to `chars`.
+const targetLabel = (t, i, chars) => `${i + 1}. ${t.target.length > chars ? `${t.target.slice(0, chars - 1)}…` : t.target}`;
+
 function targetsChart(view, node) {
   const rows = view.targets.filter((t) => t.measured !== null);
-  const labels = rows.map((t, i) => `${i + 1}. ${t.target.length > 44 ? `${t.target.slice(0, 43)}…` : t.target}`);
+  const narrow = node.clientWidth < 600;   // a phone: shorter labels leave the bars room, the axis title in two lines
+  const labels = rows.map((t, i) => targetLabel(t, i, narrow ? 22 : 44));
+  const axisTitle = narrow ? "ratio: 1x is as fast as<br>the peer or the limit" : "ratio (1x = as fast as the peer or the limit)";
   // the whisker: each line's spread over its rounds, from the lowest ratio to the highest
   const spread = (t, side) => (t.spread ? Math.abs(t.spread[side] - t.measured) : 0);
   return plot(node, [
@@ -113,8 +118,9 @@ function targetsChart(view, node) {
     { type: "scatter", mode: "markers", name: "goal", y: labels, x: rows.map((t) => t.goal),
       marker: { symbol: "line-ns-open", size: 18, color: "#1d1f23", line: { width: 2.5, color: "#1d1f23" } }, hovertemplate: "goal %{x}x<extra></extra>" },
   ], {
-    height: 60 + 34 * rows.length + top(node, 2), showlegend: true, legend: LEGEND, margin: { t: top(node, 2), b: 40, l: 10, r: 12 },
-    xaxis: { title: { text: "ratio (1x = as fast as the peer or the limit)", font: AXIS_FONT }, rangemode: "tozero" },
+    height: 60 + 34 * rows.length + top(node, 2), showlegend: true, legend: LEGEND,
+    margin: { t: top(node, 2), b: narrow ? 56 : 40, l: 10, r: 12 },
+    xaxis: { title: { text: axisTitle, font: AXIS_FONT }, rangemode: "tozero" },
     yaxis: { autorange: "reversed", automargin: true, tickfont: { size: 10 } },
   });
 }
